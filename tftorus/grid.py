@@ -106,15 +106,16 @@ def plan_grid(size: int, local_size: int = 1) -> TorusGrid:
 
     The torus takes 2(X-1) + 2(Y-1) sequential steps, fewest when X and Y are close, and its
     column phase moves 1/X of the buffer, so between equally square grids the wider one (X >= Y)
-    wins. Rows are kept whole nodes (X a multiple of `local_size`) when such a grid exists, so the
-    row phases run on intra-node links. A prime world degrades to one row (a ring) with a warning.
+    wins. On several nodes, rows are kept whole nodes (X a multiple of `local_size`) when such a
+    grid exists, so the row phases run on intra-node links. A prime world degrades to one row (a ring) with a warning.
     """
     if size < 1:
         raise GridError(f"world size must be positive, got {size}")
     candidates = [x for x in divisors(size) if x * x >= size]  # X >= Y
-    whole_nodes = [x for x in candidates if local_size > 1 and x % local_size == 0]
+    multi_node = 1 < local_size < size
+    whole_nodes = [x for x in candidates if multi_node and x % local_size == 0]
     x = min(whole_nodes or candidates, key=lambda x: (x - size // x, x))
-    if size > 3 and x == size:
+    if size > 3 and len(divisors(size)) == 2:
         logger.warning(
             "world size %d is prime: the torus degrades to a single row of %d ranks (a ring); "
             "a world size with factors (e.g. %d or %d) gives a real 2D grid",

@@ -1,0 +1,93 @@
+"""The three collectives every all-reduce algorithm here is written against.
+
+An engine (Horovod process sets, TensorFlow collective ops) implements them over a *group*: a
+sorted tuple of global ranks that contains the caller. Groups of one rank are answered locally,
+so an algorithm never special-cases a 1 x N or N x 1 grid.
+"""
+import abc
+from typing import Sequence, Tuple
+
+import tensorflow as tf
+
+Group = Tuple[int, ...]
+REDUCE_OPS = ("sum", "max", "min")
+
+
+class Communicator(abc.ABC):
+    """Reduce-scatter, all-reduce and all-gather over groups of ranks, on flat tensors."""
+
+    #: short name used in benchmarks, logs and errors
+    engine = "abstract"
+
+    @property
+    @abc.abstractmethod
+    def rank(self) -> int:
+        """This process' global rank."""
+
+    @property
+    @abc.abstractmethod
+    def size(self) -> int:
+        """Number of processes in the world."""
+
+    @property
+    @abc.abstractmethod
+    def local_size(self) -> int:
+        """Processes on this host (the row length of hierarchical all-reduce)."""
+
+    def world(self) -> Group:
+        return tuple(range(self.size))
+
+    def reduce_scatter(self, tensor: tf.Tensor, group: Sequence[int]) -> tf.Tensor:
+        """Sum a 1-D tensor over `group`; return the member's equal shard (its index in group)."""
+        group = self._check(group)
+        if tensor.shape[0] is not None and tensor.shape[0] % len(group):
+            raise ValueError(
+                f"reduce-scatter needs a length divisible by the group size {len(group)}, "
+                f"got {tensor.shape[0]}: pad the buffer (tftorus.fusion pads for you)")
+        if len(group) == 1:
+            return tensor
+        return self._reduce_scatter(tensor, group)
+
+    def all_reduce(self, tensor: tf.Tensor, group: Sequence[int], op: str = "sum") -> tf.Tensor:
+        """Reduce a tensor elementwise over `group` with `op` ('sum', 'max' or 'min')."""
+        group = self._check(group)
+        if op not in REDUCE_OPS:
+            raise ValueError(f"unknown reduce op {op!r}; choose one of {REDUCE_OPS}")
+        if len(group) == 1:
+            return tensor
+        return self._all_reduce(tensor, group, op)
+
+    def all_gather(self, tensor: tf.Tensor, group: Sequence[int]) -> tf.Tensor:
+        """Concatenate every member's tensor along dimension 0, in group order."""
+        group = self._check(group)
+        if len(group) == 1:
+            return tensor
+        return self._all_gather(tensor, group)
+
+    def _check(self, group: Sequence[int]) -> Group:
+        group = tuple(sorted(int(r) for r in group))
+        if self.rank not in group:
+            raise ValueError(f"rank {self.rank} is not a member of group {group}")
+        if group[0] < 0 or group[-1] >= self.size or len(set(group)) != len(group):
+            raise ValueError(f"group {group} is not a set of ranks of a world of {self.size}")
+        return group
+
+    @abc.abstractmethod
+    def _reduce_scatter(self, tensor: tf.Tensor, group: Group) -> tf.Tensor:
+        ...
+
+    @abc.abstractmethod
+    def _all_reduce(self, tensor: tf.Tensor, group: Group, op: str) -> tf.Tensor:
+        ...
+
+    @abc.abstractmethod
+    def _all_gather(self, tensor: tf.Tensor, group: Group) -> tf.Tensor:
+        ...
+
+
+def sum_in_fp32(chunks: tf.Tensor) -> tf.Tensor:
+    """Sum chunks (stacked on axis 0) in at least FP32, so FP16/BF16 wire data keeps its bits."""
+    dtype = chunks.dtype
+    if dtype in (tf.float16, tf.bfloat16):
+        return tf.cast(tf.reduce_sum(tf.cast(chunks, tf.float32), axis=0), dtype)
+    return tf.reduce_sum(chunks, axis=0)

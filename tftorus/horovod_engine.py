@@ -1,0 +1,76 @@
+"""Communicator on Horovod: one process set per torus row and per column.
+
+Horovod registers process sets at `hvd.init(process_sets=...)` (or later, collectively, when
+started with dynamic process sets); `tftorus.init()` does that for the grids it is asked for.
+"""
+import logging
+from typing import Dict, Iterable
+
+import horovod.tensorflow as hvd
+import tensorflow as tf
+
+from tftorus.communicator import Communicator, Group, sum_in_fp32
+
+logger = logging.getLogger(__name__)
+
+_HVD_OPS = {"sum": hvd.Sum, "max": hvd.Max, "min": hvd.Min}
+
+#: How the row reduce-scatter is done. 'alltoall' sends each member its chunk and sums locally
+#: (the same bytes as a reduce-scatter); with Horovod 0.28.1's Gloo ops it measured twice as fast
+#: as hvd.reducescatter here. 'native' uses hvd.reducescatter (NCCL's is the fast one on GPUs).
+REDUCE_SCATTER_IMPLS = ("alltoall", "native")
+
+
+class ProcessSetError(RuntimeError):
+    """A group was needed for which Horovod has no process set."""
+
+
+class HorovodCommunicator(Communicator):
+    engine = "horovod"
+
+    def __init__(self, process_sets: Iterable["hvd.ProcessSet"] = (),
+                 reduce_scatter_impl: str = "alltoall"):
+        if not hvd.is_initialized():
+            raise RuntimeError("Horovod is not initialised: call tftorus.init() first")
+        if reduce_scatter_impl not in REDUCE_SCATTER_IMPLS:
+            raise ValueError(f"reduce_scatter_impl must be one of {REDUCE_SCATTER_IMPLS}, "
+                             f"got {reduce_scatter_impl!r}")
+        self.reduce_scatter_impl = reduce_scatter_impl
+        self._sets: Dict[Group, hvd.ProcessSet] = {}
+        for ps in process_sets:
+            self._sets[tuple(sorted(ps.ranks))] = ps
+
+    @property
+    def rank(self):
+        return hvd.rank()
+
+    @property
+    def size(self):
+        return hvd.size()
+
+    @property
+    def local_size(self):
+        return hvd.local_size()
+
+    def process_set(self, group: Group) -> "hvd.ProcessSet":
+        if len(group) == self.size:
+            return hvd.global_process_set
+        if group in self._sets:
+            return self._sets[group]
+        raise ProcessSetError(
+            f"Horovod has no process set for ranks {list(group)}. Pass every grid you use to "
+            f"tftorus.init(grid=..., extra_grids=[...]) so its rows and columns are registered "
+            f"at start-up (hvd.init() alone registers none).")
+
+    def _reduce_scatter(self, tensor, group):
+        ps = self.process_set(group)
+        if self.reduce_scatter_impl == "native":
+            return hvd.reducescatter(tensor, op=hvd.Sum, process_set=ps)
+        received = hvd.alltoall(tensor, process_set=ps)  # chunk j of every member -> member j
+        return sum_in_fp32(tf.reshape(received, [len(group), -1]))
+
+    def _all_reduce(self, tensor, group, op):
+        return hvd.allreduce(tensor, op=_HVD_OPS[op], process_set=self.process_set(group))
+
+    def _all_gather(self, tensor, group):
+        return hvd.allgather(tensor, process_set=self.process_set(group))

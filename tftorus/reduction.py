@@ -1,0 +1,213 @@
+"""Fused, checked all-reduce of a list of tensors: what a training step's gradients go through.
+
+    tensors -> check dtypes -> prescale -> compress -> fuse into buckets -> cross-rank check
+            -> algorithm (torus / ring / hierarchical) per bucket -> unfuse -> decompress
+            -> postscale
+
+`make_allreduce_grads_fn` wraps it with Horovod's gradient conventions (None gradients,
+IndexedSlices, Average/Sum with a predivide factor, groups) so Horovod's own optimizer and tape
+wrappers can call it in place of theirs.
+"""
+import dataclasses
+import zlib
+from typing import List, Optional, Sequence
+
+import horovod.tensorflow as hvd
+import numpy as np
+import tensorflow as tf
+
+from tftorus import algorithms, context, fusion
+from tftorus.communicator import Communicator
+from tftorus.compression import Compression
+from tftorus.grid import GridSpec, TorusGrid
+
+#: Dtypes the all-reduce takes. Integers are summed exactly; an integer Average truncates
+#: toward zero, as Horovod's does.
+SUPPORTED_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int32, tf.int64)
+
+_OPS = {hvd.Average: "average", hvd.Sum: "sum"}
+
+
+@dataclasses.dataclass(frozen=True)
+class TorusOptions:
+    """The knobs tftorus adds to Horovod's optimizer arguments."""
+
+    algorithm: str = "torus"  # 'torus', 'ring' or 'hierarchical'
+    grid: GridSpec = None  # None: the grid given to tftorus.init()
+    fusion_threshold_bytes: int = fusion.DEFAULT_THRESHOLD_BYTES
+    check_consistency: bool = True  # one tiny all-reduce per step: mismatched ranks fail, not hang
+
+    def __post_init__(self):
+        algorithms.check_algorithm(self.algorithm)
+        if not isinstance(self.fusion_threshold_bytes, int) or self.fusion_threshold_bytes < 0:
+            raise ValueError(f"fusion_threshold_bytes must be a whole number >= 0, "
+                             f"got {self.fusion_threshold_bytes!r}")
+
+
+def op_name(op) -> str:
+    """Horovod's op constants (hvd.Average, hvd.Sum) or 'average'/'sum' -> 'average'/'sum'."""
+    if isinstance(op, str) and op.lower() in ("average", "sum"):
+        return op.lower()
+    if not isinstance(op, str) and op in _OPS:
+        return _OPS[op]
+    raise ValueError(f"op must be hvd.Average or hvd.Sum (or 'average'/'sum'), got {op!r}")
+
+
+def check_dtype(tensor, index: int) -> None:
+    if tensor.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(
+            f"tensor #{index} ({getattr(tensor, 'name', '?')}) has dtype {tensor.dtype.name}, "
+            f"which the all-reduce cannot sum; cast it to one of "
+            f"{[d.name for d in SUPPORTED_DTYPES]}")
+
+
+def _scale(tensor, factor: float):
+    if factor == 1.0:
+        return tensor
+    if tensor.dtype.is_integer:
+        if factor >= 1.0 and float(factor).is_integer():
+            return tensor * tf.cast(int(factor), tensor.dtype)
+        return tf.cast(tf.cast(tensor, tf.float64) * factor, tensor.dtype)  # truncates
+    return tensor * tf.cast(factor, tensor.dtype)
+
+
+def _consistency_check(comm: Communicator, buckets, signature: str):
+    """All ranks compare what they are about to reduce; a mismatch raises on every rank.
+
+    Without it, ranks that hand in different shapes would post collectives of different
+    sizes, which Horovod's alltoall and allgather accept and which then corrupt or hang.
+    """
+    digest = zlib.crc32(signature.encode()) & 0x7FFFFFFF
+    sig = tf.constant([len(buckets), sum(b.length for b in buckets), digest], tf.int64)
+    both = comm.all_reduce(tf.concat([sig, -sig], 0), comm.world(), op="max")
+    return tf.debugging.assert_equal(
+        both[:3], -both[3:],
+        message="tftorus: ranks handed different tensors to the all-reduce (bucket count, "
+                "element count or shape/dtype digest differ; first row max, second min). Every "
+                "rank must reduce the same tensors, with the same shapes and dtypes, in the "
+                "same order")
+
+
+def fused_allreduce(tensors: Sequence[tf.Tensor], op="sum", *, algorithm: str = "torus",
+                    grid: GridSpec = None, compression=Compression.none,
+                    prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                    fusion_threshold_bytes: int = fusion.DEFAULT_THRESHOLD_BYTES,
+                    check_consistency: bool = True,
+                    comm: Optional[Communicator] = None,
+                    torus_grid: Optional[TorusGrid] = None) -> List[tf.Tensor]:
+    """All-reduce dense tensors over every rank; returns them in order and shape.
+
+    op: 'sum' or 'average' (or hvd.Sum / hvd.Average). Average divides by the world size after
+    the sum (and after `postscale_factor`), in the tensor's own dtype.
+    """
+    op = op_name(op)
+    algorithms.check_algorithm(algorithm)
+    comm = comm or context.communicator()
+    torus_grid = torus_grid or context.grid_for(algorithm, grid)
+    tensors = [tf.convert_to_tensor(t) for t in tensors]
+    for i, t in enumerate(tensors):
+        check_dtype(t, i)
+    if op == "average":
+        postscale_factor = postscale_factor / comm.size
+    wire, ctxs = [], []
+    for t in tensors:
+        w, ctx = compression.compress(_scale(t, prescale_factor))
+        wire.append(w)
+        ctxs.append(ctx)
+    buckets = fusion.plan_buckets(wire, fusion_threshold_bytes)
+    align = algorithms.alignment(algorithm, torus_grid)
+    reduce = algorithms.ALGORITHMS[algorithm]
+    checks = []
+    if check_consistency and comm.size > 1:
+        signature = f"{algorithm}|{torus_grid}|{op}|" + ";".join(
+            f"{b.dtype.name}{b.shapes}" for b in buckets)
+        checks = [c for c in [_consistency_check(comm, buckets, signature)] if c is not None]
+    out: List[Optional[tf.Tensor]] = [None] * len(tensors)
+    with tf.control_dependencies(checks):
+        for bucket in buckets:
+            if bucket.length == 0:  # nothing to send: every rank agrees (checked above)
+                pieces = [tf.reshape(wire[i], s) for i, s in zip(bucket.indices, bucket.shapes)]
+            else:
+                flat = reduce(comm, torus_grid, fusion.pack(wire, bucket, align))
+                pieces = fusion.unpack(flat, bucket)
+            for i, piece in zip(bucket.indices, pieces):
+                out[i] = _scale(compression.decompress(piece, ctxs[i]), postscale_factor)
+    return out
+
+
+def _partition(grads, vars, groups) -> List[List[int]]:
+    """Indices of non-None dense gradients, split per Horovod's `groups` argument."""
+    present = [i for i, g in enumerate(grads) if g is not None]
+    if groups is None or groups == 0:
+        return [present] if present else []
+    if isinstance(groups, int):
+        if groups < 0:
+            raise ValueError(f"groups must be >= 0 or a list of lists of variables, got {groups}")
+        return [list(part) for part in np.array_split(present, groups) if len(part)]
+    by_name = {vars[i].name: i for i in present}
+    parts = []
+    for group in groups:
+        part = [by_name.pop(v.name) for v in group if v.name in by_name]
+        if part:
+            parts.append(sorted(part))
+    parts.extend([i] for i in sorted(by_name.values()))  # ungrouped: one group each
+    return parts
+
+
+def make_allreduce_grads_fn(name: str, compression, sparse_as_dense: bool, op,
+                            gradient_predivide_factor: float, groups, process_set,
+                            options: TorusOptions):
+    """A `allreduce_grads(grads, vars=None, use_generic_names=False)` with Horovod's contract."""
+    op = op_name(op)
+    if gradient_predivide_factor <= 0:
+        raise ValueError(f"gradient_predivide_factor must be > 0, got {gradient_predivide_factor}")
+    if process_set is not None and process_set != hvd.global_process_set \
+            and options.algorithm != "ring":
+        raise ValueError(
+            "tftorus lays its grid over all ranks; for a sub-set of ranks use "
+            "algorithm='ring' (Horovod's all-reduce on that process set) or hvd.DistributedOptimizer")
+    comm = context.communicator()
+    torus_grid = context.grid_for(options.algorithm, options.grid)  # grid errors show up here
+    group = tuple(sorted(process_set.ranks)) if process_set and process_set.ranks else None
+    set_size = len(group) if group else comm.size
+    # Average as Horovod splits it: divide by the predivide factor before the sum, the rest after.
+    pre = 1.0 / gradient_predivide_factor if op == "average" else 1.0
+    post = gradient_predivide_factor / set_size if op == "average" else 1.0
+
+    def reduce_dense(dense):
+        if group and options.algorithm == "ring":  # a sub-set: Horovod's ring on that set
+            out = []
+            for t in dense:
+                wire, ctx = compression.compress(_scale(t, pre))
+                out.append(_scale(compression.decompress(comm.all_reduce(wire, group), ctx), post))
+            return out
+        return fused_allreduce(
+            dense, "sum", algorithm=options.algorithm, compression=compression,
+            prescale_factor=pre, postscale_factor=post,
+            fusion_threshold_bytes=options.fusion_threshold_bytes,
+            check_consistency=options.check_consistency, comm=comm, torus_grid=torus_grid)
+
+    def reduce_sparse(grad: tf.IndexedSlices):
+        # As Horovod does: gather every rank's rows; duplicates are summed when applied.
+        values = comm.all_gather(grad.values, group or comm.world())
+        indices = comm.all_gather(grad.indices, group or comm.world())
+        if op == "average":
+            values = values / tf.cast(set_size, values.dtype)
+        return tf.IndexedSlices(values, indices, grad.dense_shape)
+
+    def allreduce_grads(grads, vars=None, use_generic_names=False):
+        del use_generic_names  # op names are generated per trace, identically on every rank
+        with tf.name_scope(f"{name}_TorusAllreduce"):
+            grads = [tf.convert_to_tensor(g) if sparse_as_dense and isinstance(g, tf.IndexedSlices)
+                     else g for g in grads]
+            out = list(grads)
+            sparse = [i for i, g in enumerate(grads) if isinstance(g, tf.IndexedSlices)]
+            for i in sparse:
+                out[i] = reduce_sparse(grads[i])
+            dense = [g if i not in sparse else None for i, g in enumerate(grads)]
+            for part in _partition(dense, vars, groups):
+                for i, reduced in zip(part, reduce_dense([dense[i] for i in part])):
+                    out[i] = reduced
+            return out
+
+    return tf.function(allreduce_grads) if tf.executing_eagerly() else allreduce_grads
