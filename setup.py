@@ -24,6 +24,6 @@ setup(
     extras_require={
         "cpu": [f"tensorflow-cpu=={TF_VERSION}"],
         "gpu": [f"tensorflow[and-cuda]=={TF_VERSION}"],
-        "test": ["scikit-learn", "matplotlib"],  # sklearn ships real JPEG photos for input tests
+        "test": ["pytest", "scikit-learn", "matplotlib"],  # sklearn ships real JPEG photos for input tests
     },
 )

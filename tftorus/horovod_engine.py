@@ -62,15 +62,31 @@ class HorovodCommunicator(Communicator):
             f"tftorus.init(grid=..., extra_grids=[...]) so its rows and columns are registered "
             f"at start-up (hvd.init() alone registers none).")
 
+    # Horovod 0.28.1's TensorFlow ops take no bfloat16. Data movement (alltoall, allgather)
+    # carries its bytes as uint8; a sum runs in FP32 and is cast back.
+
     def _reduce_scatter(self, tensor, group):
         ps = self.process_set(group)
         if self.reduce_scatter_impl == "native":
-            return hvd.reducescatter(tensor, op=hvd.Sum, process_set=ps)
-        received = hvd.alltoall(tensor, process_set=ps)  # chunk j of every member -> member j
+            wide = tf.cast(tensor, tf.float32) if tensor.dtype == tf.bfloat16 else tensor
+            return tf.cast(hvd.reducescatter(wide, op=hvd.Sum, process_set=ps), tensor.dtype)
+        received = _move(hvd.alltoall, tensor, ps)  # chunk j of every member -> member j
         return sum_in_fp32(tf.reshape(received, [len(group), -1]))
 
     def _all_reduce(self, tensor, group, op):
-        return hvd.allreduce(tensor, op=_HVD_OPS[op], process_set=self.process_set(group))
+        ps = self.process_set(group)
+        if tensor.dtype == tf.bfloat16:
+            wide = hvd.allreduce(tf.cast(tensor, tf.float32), op=_HVD_OPS[op], process_set=ps)
+            return tf.cast(wide, tf.bfloat16)
+        return hvd.allreduce(tensor, op=_HVD_OPS[op], process_set=ps)
 
     def _all_gather(self, tensor, group):
-        return hvd.allgather(tensor, process_set=self.process_set(group))
+        return _move(hvd.allgather, tensor, self.process_set(group))
+
+
+def _move(collective, tensor, process_set):
+    """Run a data-movement collective (no arithmetic), passing bfloat16 as its raw bytes."""
+    if tensor.dtype != tf.bfloat16:
+        return collective(tensor, process_set=process_set)
+    moved = collective(tf.bitcast(tensor, tf.uint8), process_set=process_set)  # [..., 2] bytes
+    return tf.bitcast(moved, tf.bfloat16)

@@ -71,6 +71,14 @@ def _scale(tensor, factor: float):
     return tensor * tf.cast(factor, tensor.dtype)
 
 
+def _finish(tensor, postscale_factor: float, divisor: int):
+    """Postscale, then divide by the world size for an Average (integers: truncated, exactly)."""
+    if tensor.dtype.is_integer:
+        tensor = _scale(tensor, postscale_factor)
+        return tensor if divisor == 1 else tf.truncatediv(tensor, tf.cast(divisor, tensor.dtype))
+    return _scale(tensor, postscale_factor / divisor)
+
+
 def _consistency_check(comm: Communicator, buckets, signature: str):
     """All ranks compare what they are about to reduce; a mismatch raises on every rank.
 
@@ -98,7 +106,7 @@ def fused_allreduce(tensors: Sequence[tf.Tensor], op="sum", *, algorithm: str = 
     """All-reduce dense tensors over every rank; returns them in order and shape.
 
     op: 'sum' or 'average' (or hvd.Sum / hvd.Average). Average divides by the world size after
-    the sum (and after `postscale_factor`), in the tensor's own dtype.
+    the sum (and after `postscale_factor`); for integers it truncates toward zero, as Horovod.
     """
     op = op_name(op)
     algorithms.check_algorithm(algorithm)
@@ -107,8 +115,6 @@ def fused_allreduce(tensors: Sequence[tf.Tensor], op="sum", *, algorithm: str = 
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     for i, t in enumerate(tensors):
         check_dtype(t, i)
-    if op == "average":
-        postscale_factor = postscale_factor / comm.size
     wire, ctxs = [], []
     for t in tensors:
         w, ctx = compression.compress(_scale(t, prescale_factor))
@@ -131,7 +137,8 @@ def fused_allreduce(tensors: Sequence[tf.Tensor], op="sum", *, algorithm: str = 
                 flat = reduce(comm, torus_grid, fusion.pack(wire, bucket, align))
                 pieces = fusion.unpack(flat, bucket)
             for i, piece in zip(bucket.indices, pieces):
-                out[i] = _scale(compression.decompress(piece, ctxs[i]), postscale_factor)
+                out[i] = _finish(compression.decompress(piece, ctxs[i]), postscale_factor,
+                                 comm.size if op == "average" else 1)
     return out
 
 

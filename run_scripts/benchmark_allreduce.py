@@ -1,0 +1,540 @@
+"""Time Horovod's own all-reduce against tftorus' torus, ring and hierarchical, side by side.
+
+Launcher mode (spawns `horovodrun --gloo -np N -H localhost:N` once per world size and prints
+rank 0's tables):
+
+    source .venv/bin/activate
+    TF_CPP_MIN_LOG_LEVEL=2 python run_scripts/benchmark_allreduce.py --np 4 8
+
+Worker mode (what the launcher runs; can be started by hand too):
+
+    TF_CPP_MIN_LOG_LEVEL=2 horovodrun --gloo -np 4 -H localhost:4 \\
+        python run_scripts/benchmark_allreduce.py --worker --grid 2x2
+
+Every variant of one workload is a tf.function (as in training), warmed up, then timed once per
+repeat in a rotating order, so machine noise hits all variants alike. A variant's time in one
+repeat is the slowest rank's (a tiny all-reduce lines the ranks up before each call); the tables
+give the median over repeats and its ratio to Horovod's reference:
+
+  hvd      hvd.grouped_allreduce for a gradient set (what hvd.DistributedOptimizer runs),
+           hvd.allreduce for a single buffer
+  torus    tftorus.fused_allreduce(algorithm='torus'), row reduce-scatter as alltoall + local sum
+  torus-native   the same with hvd.reducescatter in the rows
+  ring     tftorus' fusion + one hvd.allreduce over the world
+  hierarchical   all-reduce in the torus rows, then of the whole buffer in the columns
+
+and the torus' steps as separate tf.functions (pack, row reduce-scatter, column all-reduce, row
+all-gather, unpack, the consistency check), to show where its time goes. Results go to a CSV
+(--csv, default under /tmp); do not commit them.
+"""
+import argparse
+import copy
+import csv
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Callable, Dict, List, NamedTuple, Sequence
+
+import numpy as np
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+DEFAULT_GRIDS = {4: "2x2", 8: "2x4"}
+DEFAULT_OUT_DIR = os.path.join(tempfile.gettempdir(), "tftorus_bench")
+SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+REFERENCE = "hvd"
+
+
+# ==================================================================================================
+# Flags
+# ==================================================================================================
+
+def parse_size(text: str) -> int:
+    """'4K', '16M', '1024' -> bytes."""
+    match = re.fullmatch(r"(\d+)\s*([KMG]?)i?B?", text.strip().upper())
+    if not match:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (use e.g. 4K, 64K, 1M, 16M)")
+    return int(match.group(1)) * SIZE_UNITS[match.group(2)]
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    mode = p.add_argument_group("mode")
+    mode.add_argument("--np", type=int, nargs="+",
+                      help="launcher: world sizes to run, one horovodrun each (e.g. --np 4 8)")
+    mode.add_argument("--worker", action="store_true",
+                      help="run as a horovodrun worker (the launcher passes this)")
+    mode.add_argument("--grids", default="4=2x2,8=2x4",
+                      help="launcher: torus grid per world size, 'N=YxX,...' (default: %(default)s)")
+    mode.add_argument("--grid", default=None, help="worker: torus grid 'YxX' (default: planned)")
+    work = p.add_argument_group("workloads")
+    work.add_argument("--sizes", nargs="*", type=parse_size,
+                      default=[parse_size(s) for s in ("4K", "64K", "1M", "16M", "64M")],
+                      help="single FP32 buffers to time (default: 4K 64K 1M 16M 64M)")
+    work.add_argument("--resnet", nargs="*", choices=("fp32", "fp16"), default=["fp32", "fp16"],
+                      help="ResNet-50 gradient set, uncompressed and/or FP16-compressed")
+    work.add_argument("--shapes-file", default=None,
+                      help="JSON list of gradient shapes (the launcher writes ResNet-50's once)")
+    run = p.add_argument_group("timing")
+    run.add_argument("--repeats", type=int, default=10, help="timed calls per variant")
+    run.add_argument("--warmup", type=int, default=2, help="untimed calls per variant first")
+    run.add_argument("--variants", nargs="*", default=None,
+                     help="only these variants/phases (default: all); 'hvd' is always kept")
+    run.add_argument("--no-phases", dest="phases", action="store_false",
+                     help="skip the per-phase torus timings")
+    run.add_argument("--prototypes", action="store_true",
+                     help="also time candidate changes: torus-chunks<K>, torus-nocheck")
+    run.add_argument("--chunks", type=int, default=4, help="slices for torus-chunks<K>")
+    run.add_argument("--fusion-threshold-mb", type=float, default=128.0,
+                     help="tftorus fusion threshold in MiB (default: 128, Horovod's default)")
+    out = p.add_argument_group("output")
+    out.add_argument("--csv", default=os.path.join(DEFAULT_OUT_DIR, "allreduce.csv"),
+                     help="CSV to append results to (default: %(default)s)")
+    out.add_argument("--tag", default="", help="free text stored in the CSV's 'tag' column")
+    args = p.parse_args(argv)
+    if not args.np and not args.worker:
+        p.error("give --np N [N ...] to launch, or --worker under horovodrun")
+    return args
+
+
+# ==================================================================================================
+# Workloads
+# ==================================================================================================
+
+class Workload(NamedTuple):
+    name: str
+    shapes: List[List[int]]
+    compression: str  # 'none' or 'fp16'
+
+    @property
+    def is_set(self) -> bool:
+        return len(self.shapes) > 1
+
+    @property
+    def elements(self) -> int:
+        return int(sum(np.prod(s, dtype=np.int64) for s in self.shapes))
+
+
+def resnet50_shapes() -> List[List[int]]:
+    """Shapes of ResNet-50's trainable variables (the model is built, no weights downloaded)."""
+    import tensorflow as tf
+    model = tf.keras.applications.ResNet50(weights=None)
+    shapes = [v.shape.as_list() for v in model.trainable_variables]
+    tf.keras.backend.clear_session()
+    return shapes
+
+
+def load_shapes(path) -> List[List[int]]:
+    if path:
+        with open(path) as f:
+            return json.load(f)
+    return resnet50_shapes()
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if n == int(n) else f"{n:.1f} {unit}"
+        n /= 1024
+
+
+def build_workloads(args) -> List[Workload]:
+    loads = [Workload(f"flat {human_bytes(b)}", [[b // 4]], "none") for b in args.sizes]
+    if args.resnet:
+        shapes = load_shapes(args.shapes_file)
+        loads += [Workload(f"resnet50 {c}", shapes, "none" if c == "fp32" else "fp16")
+                  for c in args.resnet]
+    return loads
+
+
+def make_tensors(workload: Workload, seed: int):
+    import tensorflow as tf
+    rng = np.random.default_rng(seed)
+    return [tf.constant(rng.standard_normal(s, dtype=np.float32)) for s in workload.shapes]
+
+
+# ==================================================================================================
+# Variants: each a tf.function over the workload's tensors
+# ==================================================================================================
+
+class Setup(NamedTuple):
+    """What every variant needs: the communicators and grid tftorus runs on."""
+    comm: object  # HorovodCommunicator, alltoall reduce-scatter
+    native: object  # the same with hvd.reducescatter
+    grid: object  # TorusGrid
+    fusion_bytes: int
+
+
+def start_tftorus(grid_spec) -> Setup:
+    import tftorus
+    from tftorus import context
+    tftorus.init(grid=grid_spec)
+    comm = context.communicator()
+    native = copy.copy(comm)  # shares the process sets; only the reduce-scatter differs
+    native.reduce_scatter_impl = "native"
+    return Setup(comm, native, context.default_grid(), 0)
+
+
+def graph(fn):
+    """A tf.function as training builds one (no Python control flow to convert here)."""
+    import tensorflow as tf
+    return tf.function(fn, autograph=False)
+
+
+def compressions(name: str):
+    import horovod.tensorflow as hvd
+    import tftorus
+    return {"none": (hvd.Compression.none, tftorus.Compression.none),
+            "fp16": (hvd.Compression.fp16, tftorus.Compression.fp16)}[name]
+
+
+def variant_fns(setup: Setup, workload: Workload) -> Dict[str, Callable]:
+    """name -> tf.function(list of tensors) for the all-reduce variants of one workload."""
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+    import tftorus
+    hvd_comp, torus_comp = compressions(workload.compression)
+
+    def reference(ts):
+        if workload.is_set:
+            return hvd.grouped_allreduce(ts, op=hvd.Sum, compression=hvd_comp)
+        return [hvd.allreduce(ts[0], op=hvd.Sum, compression=hvd_comp)]
+
+    def tftorus_fn(algorithm, comm):
+        def fn(ts):
+            return tftorus.fused_allreduce(
+                ts, "sum", algorithm=algorithm, compression=torus_comp, comm=comm,
+                torus_grid=setup.grid, fusion_threshold_bytes=setup.fusion_bytes)
+        return fn
+
+    return {
+        REFERENCE: graph(reference),
+        "torus": graph(tftorus_fn("torus", setup.comm)),
+        "torus-native": graph(tftorus_fn("torus", setup.native)),
+        "ring": graph(tftorus_fn("ring", setup.comm)),
+        "hierarchical": graph(tftorus_fn("hierarchical", setup.comm)),
+    }
+
+
+def phase_fns(setup: Setup, workload: Workload, tensors) -> Dict[str, tuple]:
+    """name -> (tf.function, its inputs) for each step the torus variant takes, on its own."""
+    import tensorflow as tf
+    from tftorus import fusion
+    _, comp = compressions(workload.compression)
+    comm, native, grid = setup.comm, setup.native, setup.grid
+    row, col = grid.row_group(comm.rank), grid.col_group(comm.rank)
+    wire = [comp.compress(t)[0] for t in tensors]
+    buckets = fusion.plan_buckets(wire, setup.fusion_bytes)
+    flats = [fusion.pack(wire, b, grid.x) for b in buckets]
+    shards = [f[: f.shape[0] // grid.x] for f in flats]  # contents do not matter for timing
+
+    def pack(ts):
+        w = [comp.compress(t)[0] for t in ts]
+        return [fusion.pack(w, b, grid.x) for b in buckets]
+
+    def unpack(fs):
+        return [comp.decompress(p, t.dtype) for f, b in zip(fs, buckets)
+                for p, t in zip(fusion.unpack(f, b), [tensors[i] for i in b.indices])]
+
+    def check(_):
+        return comm.all_reduce(tf.zeros([6], tf.int64), comm.world(), op="max")
+
+    return {
+        "pack": (graph(pack), tensors),
+        "reduce-scatter (alltoall)": (
+            graph(lambda fs: [comm.reduce_scatter(f, row) for f in fs]), flats),
+        "reduce-scatter (native)": (
+            graph(lambda fs: [native.reduce_scatter(f, row) for f in fs]), flats),
+        "column all-reduce": (graph(lambda ss: [comm.all_reduce(s, col) for s in ss]), shards),
+        "row all-gather": (graph(lambda ss: [comm.all_gather(s, row) for s in ss]), shards),
+        "unpack": (graph(unpack), flats),
+        "consistency check": (graph(check), [tf.zeros([1])]),
+    }
+
+
+# ==================================================================================================
+# Prototype variants (--prototypes): candidate changes to tftorus, built from its public pieces
+# ==================================================================================================
+
+def chunked_torus(comm, grid, flat, chunks: int):
+    """The torus on `chunks` independent slices of one buffer, so TensorFlow can run one slice's
+    local work (alltoall sum, copies) while Horovod communicates another's."""
+    import tensorflow as tf
+    row, col = grid.row_group(comm.rank), grid.col_group(comm.rank)
+    parts = tf.split(flat, chunks)
+    shards = [comm.reduce_scatter(p, row) for p in parts]
+    shards = [comm.all_reduce(s, col) for s in shards]
+    return tf.concat([comm.all_gather(s, row) for s in shards], axis=0)
+
+
+def prototype_fns(setup: Setup, workload: Workload, chunks: int) -> Dict[str, Callable]:
+    import tftorus
+    from tftorus import fusion
+    _, comp = compressions(workload.compression)
+    comm, grid = setup.comm, setup.grid
+    align = chunks * grid.x * 16  # 16 elements: every chunk starts 64-byte aligned (no copy)
+
+    def chunked(ts):
+        wire, ctxs = zip(*[comp.compress(t) for t in ts])
+        out = [None] * len(ts)
+        for b in fusion.plan_buckets(wire, setup.fusion_bytes):
+            flat = chunked_torus(comm, grid, fusion.pack(wire, b, align), chunks)
+            for i, piece in zip(b.indices, fusion.unpack(flat, b)):
+                out[i] = comp.decompress(piece, ctxs[i])
+        return out
+
+    def unchecked(ts):
+        return tftorus.fused_allreduce(ts, "sum", algorithm="torus", compression=comp, comm=comm,
+                                       torus_grid=grid, fusion_threshold_bytes=setup.fusion_bytes,
+                                       check_consistency=False)
+
+    return {f"torus-chunks{chunks}": graph(chunked), "torus-nocheck": graph(unchecked)}
+
+
+# ==================================================================================================
+# Timing
+# ==================================================================================================
+
+def barrier():
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+    hvd.allreduce(tf.zeros([1]), op=hvd.Sum, name="bench_barrier").numpy()
+
+
+def run_fn(fn, inputs) -> list:
+    """Call a variant; tf.function returns finished tensors (listed, for the caller)."""
+    out = fn(inputs)
+    return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+def run_once(fn, inputs) -> float:
+    barrier()
+    start = time.perf_counter()
+    run_fn(fn, inputs)
+    return time.perf_counter() - start
+
+
+def time_interleaved(items: Dict[str, tuple], repeats: int, warmup: int) -> np.ndarray:
+    """[item, repeat] seconds on this rank; each repeat visits the items in a rotated order."""
+    names = list(items)
+    for _ in range(warmup):
+        for name in names:
+            run_once(*items[name])
+    times = np.zeros((len(names), repeats))
+    for r in range(repeats):
+        shift = r % len(names)
+        for i in list(range(shift, len(names))) + list(range(shift)):
+            times[i, r] = run_once(*items[names[i]])
+    return times
+
+
+def max_errors(items: Dict[str, tuple], kinds: Dict[str, str]) -> Dict[str, float]:
+    """Each variant's largest deviation from the reference result, relative to its largest
+    magnitude (one untimed call each): a fast variant that sums wrong is no result."""
+    ref = [t.numpy() for t in run_fn(*items[REFERENCE])]
+    scale = max(float(np.abs(r).max()) for r in ref) or 1.0
+    errors = {}
+    for name, kind in kinds.items():
+        if kind == "variant":
+            out = [t.numpy() for t in run_fn(*items[name])]
+            errors[name] = max(float(np.abs(o.astype(np.float64) - r).max())
+                               for o, r in zip(out, ref)) / scale
+    return errors
+
+
+def slowest_rank(times: np.ndarray) -> np.ndarray:
+    """Per (item, repeat), the largest time over all ranks."""
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+    everyone = hvd.allgather(tf.constant(times[None]), name="bench_gather_times").numpy()
+    return everyone.max(axis=0)
+
+
+# ==================================================================================================
+# Reporting
+# ==================================================================================================
+
+class Row(NamedTuple):
+    workload: str
+    kind: str  # 'variant' or 'phase'
+    name: str
+    median_ms: float
+    p25_ms: float
+    p75_ms: float
+    ratio: float  # median / reference median (phases: / torus median)
+    max_err: float  # variants: largest deviation from the reference's result, relative
+
+
+def summarise(workload: str, kinds: Dict[str, str], times: np.ndarray,
+              errors: Dict[str, float]) -> List[Row]:
+    names = list(kinds)
+    ms = times * 1e3
+    med = {n: float(np.median(ms[i])) for i, n in enumerate(names)}
+    rows = []
+    for i, n in enumerate(names):
+        base = med[REFERENCE] if kinds[n] == "variant" else med.get("torus", np.nan)
+        rows.append(Row(workload, kinds[n], n, med[n], float(np.percentile(ms[i], 25)),
+                        float(np.percentile(ms[i], 75)), med[n] / base,
+                        errors.get(n, float("nan"))))
+    return rows
+
+
+def print_table(title: str, rows: List[Row]) -> None:
+    print(f"\n{title}")
+    print(f"  {'variant':<28}{'median ms':>11}{'p25-p75 ms':>16}{'x hvd':>8}{'max err':>10}")
+    for r in rows:
+        if r.kind != "variant":
+            continue
+        print(f"  {r.name:<28}{r.median_ms:>11.1f}{f'{r.p25_ms:.1f}-{r.p75_ms:.1f}':>16}"
+              f"{r.ratio:>8.2f}{r.max_err:>10.1e}")
+    phases = [r for r in rows if r.kind == "phase"]
+    if phases:
+        print(f"  {'torus phase (alone)':<28}{'median ms':>11}{'p25-p75 ms':>16}{'/torus':>8}")
+        for r in phases:
+            print(f"  {r.name:<28}{r.median_ms:>11.1f}{f'{r.p25_ms:.1f}-{r.p75_ms:.1f}':>16}"
+                  f"{r.ratio:>8.2f}")
+    sys.stdout.flush()
+
+
+def append_csv(path: str, rows: List[Row], meta: Dict[str, object]) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fields = list(meta) + list(Row._fields)
+    new = not os.path.exists(path)
+    with open(path, "a", newline="") as f:
+        writer = csv.writer(f)
+        if new:
+            writer.writerow(fields)
+        for r in rows:
+            writer.writerow(list(meta.values()) + [f"{v:.4g}" if isinstance(v, float) else v
+                                                   for v in r])
+
+
+# ==================================================================================================
+# Worker
+# ==================================================================================================
+
+def wanted(name: str, selection) -> bool:
+    return selection is None or name == REFERENCE or name in selection
+
+
+def bench_workload(setup: Setup, workload: Workload, args) -> List[Row]:
+    import horovod.tensorflow as hvd
+    tensors = make_tensors(workload, seed=hvd.rank())
+    items, kinds = {}, {}
+    for name, fn in variant_fns(setup, workload).items():
+        if wanted(name, args.variants):
+            items[name], kinds[name] = (fn, tensors), "variant"
+    if args.prototypes:
+        for name, fn in prototype_fns(setup, workload, args.chunks).items():
+            if wanted(name, args.variants):
+                items[name], kinds[name] = (fn, tensors), "variant"
+    if args.phases:
+        for name, item in phase_fns(setup, workload, tensors).items():
+            if wanted(name, args.variants):
+                items[name], kinds[name] = item, "phase"
+    errors = max_errors(items, kinds)
+    times = slowest_rank(time_interleaved(items, args.repeats, args.warmup))
+    return summarise(workload.name, kinds, times, errors)
+
+
+def worker(args) -> None:
+    import horovod.tensorflow as hvd
+    setup = start_tftorus(args.grid)._replace(
+        fusion_bytes=int(args.fusion_threshold_mb * (1 << 20)))
+    env = {k: os.environ.get(k, "") for k in ("HOROVOD_CYCLE_TIME", "HOROVOD_FUSION_THRESHOLD")}
+    meta = {"np": hvd.size(), "grid": str(setup.grid), "repeats": args.repeats,
+            "fusion_mb": args.fusion_threshold_mb, "cycle_time": env["HOROVOD_CYCLE_TIME"],
+            "hvd_fusion": env["HOROVOD_FUSION_THRESHOLD"], "tag": args.tag}
+    if hvd.rank() == 0:
+        print(f"N={hvd.size()} grid {setup.grid}, {args.repeats} repeats after {args.warmup} "
+              f"warm-up, slowest rank per call, median over repeats; env {env}")
+    for workload in build_workloads(args):
+        rows = bench_workload(setup, workload, args)
+        if hvd.rank() == 0:
+            title = (f"== N={hvd.size()} grid {setup.grid} | {workload.name}: "
+                     f"{len(workload.shapes)} tensor(s), {workload.elements / 1e6:.2f}M elements, "
+                     f"{human_bytes(workload.elements * 4)} FP32 ==")
+            print_table(title, rows)
+            append_csv(args.csv, rows, meta)
+    if hvd.rank() == 0:
+        print(f"\nCSV: {args.csv}")
+
+
+# ==================================================================================================
+# Launcher
+# ==================================================================================================
+
+RANK_PREFIX = re.compile(r"^\[(\d+)(?:,\d+)?\]<(stdout|stderr)>:?")
+
+
+def grid_for(np_: int, grids: str) -> str:
+    table = dict(DEFAULT_GRIDS)
+    for item in filter(None, grids.split(",")):
+        n, g = item.split("=")
+        table[int(n)] = g.strip()
+    return table.get(np_, "auto")
+
+
+def worker_argv(args, np_: int, shapes_file: str) -> List[str]:
+    argv = [sys.executable, os.path.abspath(__file__), "--worker",
+            "--grid", grid_for(np_, args.grids), "--shapes-file", shapes_file,
+            "--repeats", str(args.repeats), "--warmup", str(args.warmup),
+            "--fusion-threshold-mb", str(args.fusion_threshold_mb),
+            "--csv", os.path.abspath(args.csv), "--tag", args.tag,
+            "--sizes", *[str(b) for b in args.sizes], "--resnet", *args.resnet]
+    if args.variants is not None:
+        argv += ["--variants", *args.variants]
+    if not args.phases:
+        argv.append("--no-phases")
+    if args.prototypes:
+        argv += ["--prototypes", "--chunks", str(args.chunks)]
+    return argv
+
+
+def launch(args, np_: int, shapes_file: str) -> int:
+    """horovodrun one world size; echo rank 0's stdout, keep everything in a log file."""
+    cmd = ["horovodrun", "--gloo", "-np", str(np_), "-H", f"localhost:{np_}",
+           "--start-timeout", "120", *worker_argv(args, np_, shapes_file)]
+    log_path = os.path.join(os.path.dirname(os.path.abspath(args.csv)), f"np{np_}.log")
+    print(f"\n$ {' '.join(cmd)}\n  (full log: {log_path})", flush=True)
+    with open(log_path, "w") as log, subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1) as proc:
+        for line in proc.stdout:
+            log.write(line)
+            match = RANK_PREFIX.match(line)
+            if match and match.group(1) == "0" and match.group(2) == "stdout":
+                print(line[match.end():], end="", flush=True)
+        rc = proc.wait()
+    if rc:
+        with open(log_path) as f:
+            print("".join(f.readlines()[-40:]), file=sys.stderr)
+    return rc
+
+
+def launcher(args) -> int:
+    os.makedirs(os.path.dirname(os.path.abspath(args.csv)), exist_ok=True)
+    shapes_file = os.path.join(os.path.dirname(os.path.abspath(args.csv)), "resnet50_shapes.json")
+    if args.resnet and not os.path.exists(shapes_file):
+        with open(shapes_file, "w") as f:
+            json.dump(resnet50_shapes(), f)
+    rc = 0
+    for np_ in args.np:
+        rc = launch(args, np_, shapes_file) or rc
+    print(f"\nCSV: {os.path.abspath(args.csv)}")
+    return rc
+
+
+def main(argv: Sequence[str] = None) -> int:
+    args = parse_args(argv)
+    if args.worker:
+        worker(args)
+        return 0
+    return launcher(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,120 @@
+"""Worker: every algorithm on every grid of this world equals Horovod's own all-reduce.
+
+Run under `horovodrun --gloo -np N` (or as one process). Each rank checks every case, prints
+one line per failure, and exits 1 if any failed; the last line counts the checks.
+References: `hvd.allreduce` where Horovod takes the dtype, and always an exact float64 sum of
+every rank's input gathered with `hvd.allgather`.
+"""
+import os
+import sys
+
+import horovod.tensorflow as hvd
+import numpy as np
+import tensorflow as tf
+
+import tftorus
+from tftorus.grid import divisors
+
+# Shapes: scalar, one element, odd sizes, sizes below any row length, multi-dim, empty, large odd.
+SHAPES = [(), (1,), (3,), (7,), (5, 3), (2, 3, 5), (0,), (0, 4), (1001,), (13, 17, 3)]
+DTYPES = [tf.float32, tf.float64, tf.float16, tf.bfloat16, tf.int32, tf.int64]
+TOLERANCE = {  # bound on |error| as a fraction of sum(|x|) over ranks, per wire dtype
+    tf.float64: 1e-12, tf.float32: 1e-6, tf.float16: 2e-3, tf.bfloat16: 2e-2,
+}
+
+failures = []
+checks = 0
+
+
+def make_inputs(dtype, integer_valued, seed):
+    rng = np.random.RandomState(seed)
+    out = []
+    for shape in SHAPES:
+        if integer_valued or dtype.is_integer:
+            values = rng.randint(-8, 9, size=shape)
+        else:
+            values = rng.standard_normal(size=shape)
+        out.append(tf.cast(tf.constant(values, tf.float64), dtype))
+    return out
+
+
+def exact_sum(t):
+    """float64 sum over ranks of every rank's tensor, and of their magnitudes."""
+    wide = tf.cast(t, tf.float64)
+    gathered = hvd.allgather(tf.expand_dims(wide, 0)).numpy()  # [N, ...]
+    return gathered.sum(axis=0), np.abs(gathered).sum(axis=0)
+
+
+def compare(name, got, want, scale, tol):
+    global checks
+    checks += 1
+    got = tf.cast(got, tf.float64).numpy()
+    if got.shape != want.shape:
+        failures.append(f"{name}: shape {got.shape} != {want.shape}")
+        return
+    err = np.abs(got - want)
+    bound = tol * scale + (0.0 if tol == 0 else 1e-30)
+    if np.any(err > bound):
+        worst = np.unravel_index(np.argmax(err - bound), err.shape) if err.ndim else ()
+        failures.append(f"{name}: error {err[worst]:.3g} > bound {np.asarray(bound)[worst]:.3g} "
+                        f"(got {got[worst]}, want {want[worst]})")
+
+
+def check_case(label, inputs, wire_dtype, integer_valued, **kwargs):
+    out = tftorus.fused_allreduce(inputs, "sum", **kwargs)
+    exact = bool(integer_valued or wire_dtype.is_integer)
+    for shape, t, o in zip(SHAPES, inputs, out):
+        want, scale = exact_sum(t)
+        tol = 0.0 if exact else TOLERANCE[wire_dtype]
+        compare(f"{label} shape={shape}", o, want, scale, tol)
+        if t.dtype in (tf.float32, tf.float64, tf.int32, tf.int64) and not kwargs.get("compression"):
+            ref = hvd.allreduce(t, op=hvd.Sum)  # Horovod's own answer
+            compare(f"{label} shape={shape} vs hvd.allreduce", o, ref.numpy().astype(np.float64),
+                    scale, tol)
+        if o.dtype != t.dtype:
+            failures.append(f"{label} shape={shape}: dtype {o.dtype.name} != {t.dtype.name}")
+
+
+def main():
+    n = int(os.environ.get("HOROVOD_SIZE", "1"))  # the grids must be known before init
+    grids = [f"{n // x}x{x}" for x in divisors(n)]
+    tftorus.init(grid=grids[0], extra_grids=grids[1:])
+    rank = hvd.rank()
+    cases = [("torus", g) for g in grids] + [("ring", None), ("hierarchical", None)]
+    for algorithm, grid in cases:
+        for dtype in DTYPES:
+            for integer_valued in ([True, False] if dtype.is_floating else [True]):
+                inputs = make_inputs(dtype, integer_valued, seed=100 * rank + DTYPES.index(dtype))
+                label = f"{algorithm} {grid or ''} {dtype.name} {'int-valued' if integer_valued else 'random'}"
+                check_case(label, inputs, dtype, integer_valued, algorithm=algorithm, grid=grid)
+                if dtype == tf.float32 and not integer_valued:
+                    for name, comp, wire in [("fp16", tftorus.Compression.fp16, tf.float16),
+                                             ("bf16", tftorus.Compression.bf16, tf.bfloat16)]:
+                        check_case(f"{label} {name}-wire", inputs, wire, False,
+                                   algorithm=algorithm, grid=grid, compression=comp)
+                    check_case(f"{label} unfused", inputs, dtype, False, algorithm=algorithm,
+                               grid=grid, fusion_threshold_bytes=0)
+                    check_case(f"{label} 64B-buckets", inputs, dtype, False,
+                               algorithm=algorithm, grid=grid, fusion_threshold_bytes=64)
+    # Average, as Horovod defines it (integers truncate).
+    for dtype in (tf.float32, tf.int32):
+        t = tf.cast(tf.range(-7, 8) * (rank + 1), dtype)
+        got = tftorus.fused_allreduce([t], "average")[0]
+        want = hvd.allreduce(t, op=hvd.Average)
+        compare(f"average {dtype.name}", got, want.numpy().astype(np.float64),
+                np.ones(t.shape), 1e-6 if dtype.is_floating else 0.0)
+    # Inside a tf.function, as a training step runs it.
+    step = tf.function(lambda ts: tftorus.fused_allreduce(ts, "sum"))
+    inputs = make_inputs(tf.float32, False, seed=rank)
+    for shape, t, o in zip(SHAPES, inputs, step(inputs)):
+        want, scale = exact_sum(t)
+        compare(f"tf.function shape={shape}", o, want, scale, TOLERANCE[tf.float32])
+
+    for f in failures:
+        print(f"[rank {rank}] MISMATCH {f}", flush=True)
+    print(f"[rank {rank}] grids {grids}: {checks} checks, {len(failures)} failed", flush=True)
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()

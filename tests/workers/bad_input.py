@@ -1,0 +1,43 @@
+"""Worker: one kind of bad input per run; it must raise a clear error on every rank, never hang.
+
+    horovodrun --gloo -np 4 -H localhost:4 python tests/workers/bad_input.py MODE
+"""
+import sys
+
+import horovod.tensorflow as horovod
+import tensorflow as tf
+
+import tftorus
+import tftorus.keras
+
+
+def main(mode):
+    if mode == "hvd_init_only":  # plain hvd.init(): Horovod has no row/column process sets
+        horovod.init()
+        tftorus.keras.DistributedOptimizer(tf.keras.optimizers.SGD())
+        return
+    tftorus.init(grid="3x3" if mode == "grid" else None)
+    rank = tftorus.rank()
+    if mode == "algorithm":
+        tftorus.keras.DistributedOptimizer(tf.keras.optimizers.SGD(), algorithm="tree")
+    elif mode == "op":
+        tftorus.keras.DistributedOptimizer(tf.keras.optimizers.SGD(), op=tftorus.Adasum)
+    elif mode == "shapes":  # rank 0 hands in 5 elements, the others 6
+        tftorus.fused_allreduce([tf.ones([5 if rank == 0 else 6])], "sum")
+    elif mode == "shapes_in_training":  # ranks built different models
+        model = tf.keras.Sequential([tf.keras.layers.Dense(3 + (rank == 1), input_shape=(4,)),
+                                     tf.keras.layers.Dense(1)])
+        model.compile(optimizer=tftorus.keras.DistributedOptimizer(tf.keras.optimizers.SGD()),
+                      loss="mse")
+        model.fit(tf.ones([8, 4]), tf.ones([8, 1]), batch_size=4, verbose=0)
+    elif mode == "dtype":
+        tftorus.fused_allreduce([tf.constant(["a", "b"])], "sum")
+    elif mode == "complex":
+        tftorus.fused_allreduce([tf.constant([1 + 2j], tf.complex64)], "sum")
+    else:
+        raise SystemExit(f"unknown mode {mode}")
+    print("NO ERROR RAISED", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
