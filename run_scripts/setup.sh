@@ -73,6 +73,10 @@ if [ "$need_build" = 1 ]; then
   if [ "$gpu" = 1 ]; then
     export HOROVOD_GPU_OPERATIONS=NCCL; log "GPU stack: building Horovod with NCCL"
   fi
+  export PATH="$venv/bin:$PATH"
+  if ! command -v cmake >/dev/null 2>&1; then  # Horovod's build needs CMake
+    log "no cmake on this machine: installing it from PyPI"; pip_quiet install --quiet cmake
+  fi
   export MAKEFLAGS="-j$(nproc)"
   log "building Horovod 0.28.1 from source (about 3 minutes on 2 cores)"
   "$py" -m pip uninstall --quiet -y horovod >/dev/null 2>&1 || true

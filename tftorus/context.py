@@ -63,6 +63,12 @@ def init(grid: GridSpec = None, extra_grids: Iterable[GridSpec] = (),
     """
     global _state
     extra_grids = list(extra_grids)
+    if _state is not None and hvd.is_initialized():
+        wanted = resolve_grid(grid, hvd.size(), hvd.local_size())
+        if grid is not None and wanted != _state.grid:
+            raise GridError(f"tftorus is already running on a {_state.grid} grid; {wanted} "
+                            f"needs other process sets: pass it to the first init() call")
+        return _state  # a second init() is a no-op, as hvd.init() is
     if hvd.is_initialized():
         return _adopt_running_horovod(grid, extra_grids, reduce_scatter_impl)
     size = _env_int(_SIZE_VARS)

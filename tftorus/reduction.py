@@ -161,6 +161,15 @@ def _partition(grads, vars, groups) -> List[List[int]]:
     return parts
 
 
+def _densify(grad, var):
+    """IndexedSlices -> dense, keeping the variable's static shape (fusion needs it; a
+    densified IndexedSlices inside a tf.function has an unknown first dimension)."""
+    if not isinstance(grad, tf.IndexedSlices):
+        return grad
+    dense = tf.convert_to_tensor(grad)
+    return tf.ensure_shape(dense, var.shape) if var is not None else dense
+
+
 def make_allreduce_grads_fn(name: str, compression, sparse_as_dense: bool, op,
                             gradient_predivide_factor: float, groups, process_set,
                             options: TorusOptions):
@@ -205,8 +214,8 @@ def make_allreduce_grads_fn(name: str, compression, sparse_as_dense: bool, op,
     def allreduce_grads(grads, vars=None, use_generic_names=False):
         del use_generic_names  # op names are generated per trace, identically on every rank
         with tf.name_scope(f"{name}_TorusAllreduce"):
-            grads = [tf.convert_to_tensor(g) if sparse_as_dense and isinstance(g, tf.IndexedSlices)
-                     else g for g in grads]
+            if sparse_as_dense:
+                grads = [_densify(g, v) for g, v in zip(grads, vars or [None] * len(grads))]
             out = list(grads)
             sparse = [i for i, g in enumerate(grads) if isinstance(g, tf.IndexedSlices)]
             for i in sparse:

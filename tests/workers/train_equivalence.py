@@ -78,7 +78,9 @@ def main(mode, out_dir):
             sgd(learning_rate=0.1, momentum=0.9), backward_passes_per_step=passes,
             average_aggregated_gradients=True)
         net.compile(optimizer=opt, loss=loss)
-        net.fit(x, y, batch_size=per_rank, epochs=1, shuffle=False, verbose=0)
+        callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0),  # Horovod's, as they are
+                     hvd.callbacks.MetricAverageCallback()]
+        net.fit(x, y, batch_size=per_rank, epochs=1, shuffle=False, verbose=0, callbacks=callbacks)
         if rank == 0:
             print(f"optimizer class: {type(net.optimizer).__name__}"
                   f"{'/' + type(net.optimizer.inner_optimizer).__name__ if mode == 'mixed' else ''}")
