@@ -23,8 +23,10 @@ give the median over repeats and its ratio to Horovod's reference:
   ring     tftorus' fusion + one hvd.allreduce over the world
   hierarchical   all-reduce in the torus rows, then of the whole buffer in the columns
 
-and the torus' steps as separate tf.functions (pack, row reduce-scatter, column all-reduce, row
-all-gather, unpack, the consistency check), to show where its time goes. Results go to a CSV
+With --prototypes, candidate changes to tftorus built in this file (torus-chunks<K>,
+torus-nocheck) are timed alongside. The torus' steps are also timed as separate
+tf.functions (pack, row reduce-scatter, column all-reduce, row all-gather, unpack, the
+consistency check), to show where its time goes. Results go to a CSV
 (--csv, default under /tmp); do not commit them.
 """
 import argparse
@@ -169,14 +171,14 @@ class Setup(NamedTuple):
     fusion_bytes: int
 
 
-def start_tftorus(grid_spec) -> Setup:
+def start_tftorus(grid_spec, fusion_bytes: int) -> Setup:
     import tftorus
     from tftorus import context
     tftorus.init(grid=grid_spec)
     comm = context.communicator()
     native = copy.copy(comm)  # shares the process sets; only the reduce-scatter differs
     native.reduce_scatter_impl = "native"
-    return Setup(comm, native, context.default_grid(), 0)
+    return Setup(comm, native, context.default_grid(), fusion_bytes)
 
 
 def graph(fn):
@@ -195,7 +197,6 @@ def compressions(name: str):
 def variant_fns(setup: Setup, workload: Workload) -> Dict[str, Callable]:
     """name -> tf.function(list of tensors) for the all-reduce variants of one workload."""
     import horovod.tensorflow as hvd
-    import tensorflow as tf
     import tftorus
     hvd_comp, torus_comp = compressions(workload.compression)
 
@@ -443,8 +444,7 @@ def bench_workload(setup: Setup, workload: Workload, args) -> List[Row]:
 
 def worker(args) -> None:
     import horovod.tensorflow as hvd
-    setup = start_tftorus(args.grid)._replace(
-        fusion_bytes=int(args.fusion_threshold_mb * (1 << 20)))
+    setup = start_tftorus(args.grid, int(args.fusion_threshold_mb * (1 << 20)))
     env = {k: os.environ.get(k, "") for k in ("HOROVOD_CYCLE_TIME", "HOROVOD_FUSION_THRESHOLD")}
     meta = {"np": hvd.size(), "grid": str(setup.grid), "repeats": args.repeats,
             "fusion_mb": args.fusion_threshold_mb, "cycle_time": env["HOROVOD_CYCLE_TIME"],

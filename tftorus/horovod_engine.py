@@ -16,8 +16,9 @@ logger = logging.getLogger(__name__)
 _HVD_OPS = {"sum": hvd.Sum, "max": hvd.Max, "min": hvd.Min}
 
 #: How the row reduce-scatter is done. 'alltoall' sends each member its chunk and sums locally
-#: (the same bytes as a reduce-scatter); with Horovod 0.28.1's Gloo ops it measured twice as fast
-#: as hvd.reducescatter here. 'native' uses hvd.reducescatter (NCCL's is the fast one on GPUs).
+#: (the same bytes as a reduce-scatter); with Horovod 0.28.1's Gloo ops it measured 3-5x as fast
+#: as hvd.reducescatter here (docs/benchmarks.md). 'native' uses hvd.reducescatter, meant for
+#: NCCL on GPUs; on Gloo it once returned a wrong sum in the benchmark, so it is not the default.
 REDUCE_SCATTER_IMPLS = ("alltoall", "native")
 
 
@@ -36,6 +37,9 @@ class HorovodCommunicator(Communicator):
             raise ValueError(f"reduce_scatter_impl must be one of {REDUCE_SCATTER_IMPLS}, "
                              f"got {reduce_scatter_impl!r}")
         self.reduce_scatter_impl = reduce_scatter_impl
+        # Gloo sums FP16 one scalar at a time on CPUs (and Horovod takes no bf16); NCCL sums
+        # 16-bit floats natively, so keep hvd.allreduce for 16-bit sums where NCCL is built.
+        self.sum_16bit_in_fp32 = not hvd.nccl_built()
         self._sets: Dict[Group, hvd.ProcessSet] = {}
         for ps in process_sets:
             self._sets[tuple(sorted(ps.ranks))] = ps
@@ -75,10 +79,21 @@ class HorovodCommunicator(Communicator):
 
     def _all_reduce(self, tensor, group, op):
         ps = self.process_set(group)
+        if op == "sum" and tensor.dtype in (tf.float16, tf.bfloat16) and self.sum_16bit_in_fp32:
+            return self._sum_16bit(tensor, group)
         if tensor.dtype == tf.bfloat16:
             wide = hvd.allreduce(tf.cast(tensor, tf.float32), op=_HVD_OPS[op], process_set=ps)
             return tf.cast(wide, tf.bfloat16)
         return hvd.allreduce(tensor, op=_HVD_OPS[op], process_set=ps)
+
+    def _sum_16bit(self, tensor, group):
+        """A 16-bit all-reduce as reduce-scatter (alltoall + FP32 sum) + all-gather: the same
+        bytes as a ring, without Gloo's slow scalar FP16 sum (measured in docs/benchmarks.md)."""
+        flat = tf.reshape(tensor, [-1])
+        length = flat.shape[0] if flat.shape[0] is not None else tf.shape(flat)[0]
+        padded = tf.pad(flat, [[0, (-length) % len(group)]])
+        shard = self._reduce_scatter(padded, group)
+        return tf.reshape(self._all_gather(shard, group)[:length], tf.shape(tensor))
 
     def _all_gather(self, tensor, group):
         return _move(hvd.allgather, tensor, self.process_set(group))
