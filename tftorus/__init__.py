@@ -12,7 +12,8 @@ from tftorus.compression import Compression  # noqa: F401  adds bf16 to Horovod'
 from tftorus.context import init  # noqa: F401
 from tftorus.grid import PAPER_GRIDS, GridError, TorusGrid, plan_grid, resolve_grid  # noqa: F401
 from tftorus.optimizer import DistributedGradientTape, torus_gradient_reduction  # noqa: F401
-from tftorus.reduction import SUPPORTED_DTYPES, TorusOptions, fused_allreduce  # noqa: F401
+from tftorus.reduction import (SUPPORTED_DTYPES, TorusOptions, fused_allreduce,  # noqa: F401
+                               gradient_reducer)
 import horovod.tensorflow as _hvd_tf
 from tftorus.optimizer import torus_gradient_reduction as _reduction
 

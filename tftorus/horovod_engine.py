@@ -3,7 +3,6 @@
 Horovod registers process sets at `hvd.init(process_sets=...)` (or later, collectively, when
 started with dynamic process sets); `tftorus.init()` does that for the grids it is asked for.
 """
-import logging
 from typing import Dict, Iterable
 
 import horovod.tensorflow as hvd
@@ -11,14 +10,13 @@ import tensorflow as tf
 
 from tftorus.communicator import Communicator, Group, sum_in_fp32
 
-logger = logging.getLogger(__name__)
 
 _HVD_OPS = {"sum": hvd.Sum, "max": hvd.Max, "min": hvd.Min}
 
 #: How the row reduce-scatter is done. 'alltoall' sends each member its chunk and sums locally
 #: (the same bytes as a reduce-scatter); with Horovod 0.28.1's Gloo ops it measured 3-5x as fast
-#: as hvd.reducescatter here (docs/benchmarks.md). 'native' uses hvd.reducescatter, meant for
-#: NCCL on GPUs; on Gloo it once returned a wrong sum in the benchmark, so it is not the default.
+#: as hvd.reducescatter here (docs/benchmarks.md). 'native' uses hvd.reducescatter, for NCCL on
+#: GPUs only: on Gloo it returned wrong sums inside our graphs in the benchmark, so it is refused.
 REDUCE_SCATTER_IMPLS = ("alltoall", "native")
 
 
@@ -37,6 +35,12 @@ class HorovodCommunicator(Communicator):
             raise ValueError(f"reduce_scatter_impl must be one of {REDUCE_SCATTER_IMPLS}, "
                              f"got {reduce_scatter_impl!r}")
         self.reduce_scatter_impl = reduce_scatter_impl
+        if reduce_scatter_impl == "native" and not hvd.nccl_built():
+            raise ValueError(
+                "reduce_scatter_impl='native' needs Horovod built with NCCL: on Gloo, "
+                "hvd.reducescatter measured 3-5x slower than the default 'alltoall' and "
+                "returned a wrong sum for ResNet-50's fused gradients (docs/benchmarks.md); "
+                "leave reduce_scatter_impl at 'alltoall'")
         # Gloo sums FP16 one scalar at a time on CPUs (and Horovod takes no bf16); NCCL sums
         # 16-bit floats natively, so keep hvd.allreduce for 16-bit sums where NCCL is built.
         self.sum_16bit_in_fp32 = not hvd.nccl_built()

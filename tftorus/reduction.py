@@ -227,3 +227,20 @@ def make_allreduce_grads_fn(name: str, compression, sparse_as_dense: bool, op,
             return out
 
     return tf.function(allreduce_grads) if tf.executing_eagerly() else allreduce_grads
+
+
+def gradient_reducer(op=hvd.Average, compression=Compression.none, *, algorithm: str = "torus",
+                     grid: GridSpec = None,
+                     fusion_threshold_bytes: int = fusion.DEFAULT_THRESHOLD_BYTES,
+                     check_consistency: bool = True, name: str = "GradientReducer"):
+    """`reduce(grads, vars=None) -> grads` averaged (or summed) over all workers on the torus.
+
+    For custom training steps that accumulate or scale gradients themselves before one
+    all-reduce per optimizer step (the trainer in official_resnet does). Same semantics as the
+    reduction inside DistributedOptimizer.
+    """
+    options = TorusOptions(algorithm=algorithm, grid=grid,
+                           fusion_threshold_bytes=fusion_threshold_bytes,
+                           check_consistency=check_consistency)
+    return make_allreduce_grads_fn(name, compression, False, op, 1.0, None,
+                                   hvd.global_process_set, options)
