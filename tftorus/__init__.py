@@ -9,7 +9,7 @@ Everything Horovod offers stays available under the same names; `init`,
 from horovod.tensorflow import *  # noqa: F401,F403  rank(), size(), broadcast_variables(), ...
 
 from tftorus.compression import Compression  # noqa: F401  adds bf16 to Horovod's choices
-from tftorus.context import init  # noqa: F401
+from tftorus.context import init, shutdown  # noqa: F401
 from tftorus.grid import PAPER_GRIDS, GridError, TorusGrid, plan_grid, resolve_grid  # noqa: F401
 from tftorus.optimizer import DistributedGradientTape, torus_gradient_reduction  # noqa: F401
 from tftorus.reduction import (SUPPORTED_DTYPES, TorusOptions, fused_allreduce,  # noqa: F401

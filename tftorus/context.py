@@ -9,6 +9,7 @@ import os
 from typing import Iterable, List, Optional, Tuple
 
 import horovod.tensorflow as hvd
+import tensorflow as tf
 
 from tftorus.grid import GridError, GridSpec, TorusGrid, hierarchical_grid, resolve_grid
 from tftorus.horovod_engine import HorovodCommunicator
@@ -145,3 +146,19 @@ def grid_for(algorithm: str, grid: GridSpec = None) -> TorusGrid:
     if grid is None:
         return default_grid()
     return resolve_grid(grid, comm.size, comm.local_size)
+
+
+def shutdown():
+    """End the job cleanly: wait until every rank is done, then stop Horovod.
+
+    Call it once after a rank's last collective on success. Without the barrier, the first rank
+    to exit shuts Horovod down while a slower peer may still be finishing its last row or column
+    operation, which then fails with "Horovod has been shut down" (seen in this project's tests).
+    Not for error paths: a barrier there could wait for ranks that will never arrive.
+    """
+    global _state
+    if hvd.is_initialized():
+        if hvd.size() > 1:
+            hvd.allreduce(tf.constant(0), op=hvd.Sum, name="tftorus_shutdown_barrier")
+        hvd.shutdown()
+    _state = None

@@ -7,5 +7,5 @@ from horovod.tensorflow.keras import *  # noqa: F401,F403
 from horovod.tensorflow.keras import callbacks, elastic  # noqa: F401  Horovod's own, they fit
 
 from tftorus.compression import Compression  # noqa: F401
-from tftorus.context import init  # noqa: F401
+from tftorus.context import init, shutdown  # noqa: F401
 from tftorus.optimizer import DistributedOptimizer, load_model  # noqa: F401

@@ -113,6 +113,7 @@ def main():
     for f in failures:
         print(f"[rank {rank}] MISMATCH {f}", flush=True)
     print(f"[rank {rank}] grids {grids}: {checks} checks, {len(failures)} failed", flush=True)
+    tftorus.shutdown()  # every rank is past its last collective before any exits
     sys.exit(1 if failures else 0)
 
 

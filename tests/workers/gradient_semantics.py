@@ -94,6 +94,7 @@ def main():
     for f in failures:
         print(f"[rank {rank}] MISMATCH {f}", flush=True)
     print(f"[rank {rank}] {checks} checks, {len(failures)} failed", flush=True)
+    tftorus.shutdown()  # every rank is past its last collective before any exits
     sys.exit(1 if failures else 0)
 
 

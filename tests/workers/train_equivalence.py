@@ -93,6 +93,7 @@ def main(mode, out_dir):
         loaded = hvd.load_model(path)
         print(f"reloaded optimizer: {type(loaded.optimizer).__name__}, "
               f"torus: {hasattr(loaded.optimizer, '_allreduce_grads')}")
+    tftorus.shutdown()  # every rank is past its last collective before any exits
     print(f"rank {rank}/{size} done, mode {mode}", flush=True)
 
 
