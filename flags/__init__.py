@@ -1,0 +1,1 @@
+"""Command-line flags (absl) and the paper's experiment table, for run_scripts/train.py."""

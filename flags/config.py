@@ -1,0 +1,145 @@
+"""Flags for run_scripts/train.py, and the frozen, validated configuration they resolve to.
+
+`define_flags()` defines every flag (all optional, so tests import this without parsing argv).
+`resolve(flag_values)` applies the experiment's row of Table 3, then the explicit overrides,
+checks the result, and returns a `TrainConfig`: the one object the training code reads. It is
+logged on rank 0 and written next to the checkpoints.
+"""
+import dataclasses
+import json
+from typing import Optional
+
+from absl import flags
+
+from flags.experiments import PAPER_EPOCHS, get_experiment
+
+EMBEDDED_DATA_DIR = "data/embedded"
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    # --- experiment (Table 3) ---
+    exp: str
+    lr_config: str  # 'A' or 'B'
+    label_smoothing: float
+    epochs: float  # run epochs; the paper's 90 map onto them proportionally
+    batch_divisor: int  # every total batch of the table is divided by this
+    max_micro_batch: Optional[int]  # per-worker cap; above it, gradients accumulate
+    # --- data ---
+    data_dir: str
+    image_size: int
+    label_offset: int
+    num_classes: int  # 0: from the data set's manifest, else 1000 (ImageNet)
+    augment: str  # 'all', 'none' or a comma list (official_resnet.input_pipeline.AugmentConfig)
+    min_crop_area: float  # random-resized-crop keeps at least this fraction of the image
+    # --- model ---
+    depth: int
+    width: int
+    small_inputs: bool
+    precision: str  # 'mixed_float16' or 'float32'
+    # --- optimizer ---
+    trust_coefficient: float
+    lars_epsilon: float
+    weight_decay: float
+    reference_batch: int  # batch at which momentum is 0.9 (paper: 32K); divided with the batches
+    lr_scale: float  # multiplies the LR schedule (1.0: the paper's values)
+    # --- communication ---
+    algorithm: str
+    grid: str
+    compression: str
+    fusion_threshold_mb: float
+    # --- evaluation and output ---
+    bn_stat_batches: int
+    eval_every: float  # epochs between evaluations
+    model_dir: str
+    seed: int
+    max_steps: Optional[int]  # stop early (tests, smoke runs); None: the whole schedule
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
+
+
+def define_flags():
+    """Define the training flags once (safe to call twice)."""
+    if "exp" in flags.FLAGS:
+        return
+    d = flags
+    d.DEFINE_string("exp", "2", "paper experiment (Table 3): ref, 1, 2, 3 or 4")
+    d.DEFINE_string("lr_config", None, "override the experiment's LR configuration: A or B")
+    d.DEFINE_float("label_smoothing", None, "override the experiment's label smoothing (0.1 = on)")
+    d.DEFINE_float("epochs", PAPER_EPOCHS, "run length in epochs; phases scale with it")
+    d.DEFINE_integer("batch_divisor", 1, "divide every total batch of the table (scaled-down runs)")
+    d.DEFINE_integer("max_micro_batch", None, "largest per-worker forward pass; more accumulates")
+    d.DEFINE_string("data_dir", EMBEDDED_DATA_DIR,
+                    "ImageNet TFRecords (train-*, validation-*); the default is generated offline")
+    d.DEFINE_integer("image_size", 224, "training and evaluation crop size in pixels")
+    d.DEFINE_integer("label_offset", 1, "subtracted from image/class/label (ImageNet: 1-based)")
+    d.DEFINE_integer("num_classes", 0, "classes; 0: the data set's manifest, else 1000")
+    d.DEFINE_string("augment", "all", "training augmentations: all, none, or e.g. crop,flip,noise")
+    d.DEFINE_float("min_crop_area", 0.08, "smallest area fraction a random crop keeps (ImageNet: "
+                   "0.08; small images need more, e.g. 0.25)")
+    d.DEFINE_integer("depth", 50, "ResNet depth (50; 14, 26 or 101 too)")
+    d.DEFINE_integer("width", 64, "ResNet base width (64 = standard); smaller for CPU runs")
+    d.DEFINE_bool("small_inputs", False, "3x3 stride-1 stem, no max-pool (for 32-64 px images)")
+    d.DEFINE_enum("precision", "mixed_float16", ["mixed_float16", "float32"], "Keras policy")
+    d.DEFINE_float("trust_coefficient", 0.01, "LARS trust coefficient (paper: 0.01)")
+    d.DEFINE_float("lars_epsilon", 1e-6, "LARS epsilon (paper: 1e-6)")
+    d.DEFINE_float("weight_decay", 5e-5, "L2 weight decay, not on BN or bias (paper: unstated)")
+    d.DEFINE_integer("reference_batch", 32768, "total batch at which momentum is 0.9 (config B)")
+    d.DEFINE_float("lr_scale", 1.0, "multiply the LR schedule (1.0: the paper's values)")
+    d.DEFINE_enum("algorithm", "torus", ["torus", "ring", "hierarchical"], "gradient all-reduce")
+    d.DEFINE_string("grid", "auto", "torus grid: auto, paper, or YxX (rows x row length)")
+    d.DEFINE_enum("compression", "fp16", ["none", "fp16", "bf16"],
+                  "gradient wire format (paper: fp16)")
+    d.DEFINE_float("fusion_threshold_mb", 128.0, "largest fused gradient buffer in MiB")
+    d.DEFINE_integer("bn_stat_batches", 10, "training batches per worker for BN statistics")
+    d.DEFINE_float("eval_every", 1.0, "epochs between evaluations")
+    d.DEFINE_string("model_dir", None, "checkpoints, TensorBoard and config (default: runs/exp<N>)")
+    d.DEFINE_integer("seed", 0, "random seed (weights, shuffling, augmentation)")
+    d.DEFINE_integer("max_steps", None, "stop after this many optimizer steps (smoke runs)")
+
+
+def resolve(fv=None) -> TrainConfig:
+    """Experiment row, then explicit flags; every value checked. Raises ValueError naming fixes."""
+    fv = fv or flags.FLAGS
+    experiment = get_experiment(fv.exp)
+    key = str(fv.exp).strip().lower()
+    lr_config = (fv.lr_config or experiment.lr_config).upper()
+    if lr_config not in ("A", "B"):
+        raise ValueError(f"--lr_config must be A or B, got {fv.lr_config!r}")
+    smoothing = experiment.label_smoothing if fv.label_smoothing is None else fv.label_smoothing
+    checks = [
+        (0.0 <= smoothing < 1.0, f"--label_smoothing must be in [0, 1), got {smoothing}"),
+        (fv.epochs > 0, f"--epochs must be positive, got {fv.epochs}"),
+        (fv.batch_divisor >= 1, f"--batch_divisor must be >= 1, got {fv.batch_divisor}"),
+        (fv.max_micro_batch is None or fv.max_micro_batch >= 1,
+         f"--max_micro_batch must be >= 1, got {fv.max_micro_batch}"),
+        (fv.image_size >= 16, f"--image_size must be >= 16, got {fv.image_size}"),
+        (fv.num_classes >= 0, f"--num_classes must be >= 0, got {fv.num_classes}"),
+        (0 < fv.min_crop_area <= 1, f"--min_crop_area must be in (0, 1], got {fv.min_crop_area}"),
+        (fv.width >= 1, f"--width must be >= 1, got {fv.width}"),
+        (fv.trust_coefficient > 0, f"--trust_coefficient must be > 0"),
+        (fv.weight_decay >= 0, f"--weight_decay must be >= 0"),
+        (fv.reference_batch >= 1, f"--reference_batch must be >= 1"),
+        (fv.lr_scale > 0, f"--lr_scale must be > 0"),
+        (fv.fusion_threshold_mb >= 0, f"--fusion_threshold_mb must be >= 0"),
+        (fv.bn_stat_batches >= 1, f"--bn_stat_batches must be >= 1"),
+        (fv.eval_every > 0, f"--eval_every must be positive"),
+        (fv.max_steps is None or fv.max_steps >= 1, f"--max_steps must be >= 1"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ValueError(message)
+    return TrainConfig(
+        exp=key if key in ("1", "2", "3", "4") else "ref", lr_config=lr_config,
+        label_smoothing=smoothing, epochs=fv.epochs, batch_divisor=fv.batch_divisor,
+        max_micro_batch=fv.max_micro_batch, data_dir=fv.data_dir, image_size=fv.image_size,
+        label_offset=fv.label_offset, num_classes=fv.num_classes, augment=fv.augment,
+        min_crop_area=fv.min_crop_area, depth=fv.depth, width=fv.width,
+        small_inputs=fv.small_inputs, precision=fv.precision,
+        trust_coefficient=fv.trust_coefficient, lars_epsilon=fv.lars_epsilon,
+        weight_decay=fv.weight_decay, reference_batch=fv.reference_batch, lr_scale=fv.lr_scale,
+        algorithm=fv.algorithm, grid=fv.grid, compression=fv.compression,
+        fusion_threshold_mb=fv.fusion_threshold_mb, bn_stat_batches=fv.bn_stat_batches,
+        eval_every=fv.eval_every, model_dir=fv.model_dir or f"runs/exp{key}", seed=fv.seed,
+        max_steps=fv.max_steps)

@@ -1,0 +1,85 @@
+"""The paper's experiments (Table 3, results from Table 5) as data.
+
+Each row gives, per range of epochs, the per-worker batch and the total batch. The total batch is
+what the optimizer sees, so it is the contract: a run derives its per-worker batch (and gradient
+accumulation) from its own world size. How the table's uneven rows are resolved:
+
+- "K" is 1024 wherever that makes the GPU counts whole: 34K = 34816 = 2176 x 16,
+  54K = 55296 = 3456 x 16, 68K = 69632, 85K = 87040, 119K = 121856, 64K = 65536.
+- The GPUs a phase uses are total / per-worker batch: Exp. 2 uses 3456 GPUs in epochs 1-30 and
+  1728 after; Exp. 3 uses 2048 after epoch 30. A run keeps its world size and its total batch,
+  and changes the per-worker batch instead (see flags/batch_plan in official_resnet).
+- Exp. 4's 68K at 16 per worker would need 4352 GPUs, more than its 4096: at 4096 workers the
+  total 69632 gives 17 per worker, but its 85K (87040) and 119K (121856) do not divide by 4096
+  (nor by 2048). A world size must divide every total batch of its experiment; for Exp. 4 that
+  is a divisor of 17408 = gcd of its batches, e.g. 2176 workers (16, 32, 40, 56 per worker).
+- Table 3 prints a tick in the LS column of Exp. 4, while the text says Exp. 4 uses batch-size
+  control alone ("Using only batch-size control technique (Exp. 4 in Table 5)"). We follow the
+  text: no label smoothing for Exp. 4 (a flag turns it on).
+- The reference row uses the LARS paper's settings: configuration B's shape (the LARS paper's
+  base LR 29) with momentum 0.9 at its 32K batch and no label smoothing.
+"""
+import dataclasses
+from typing import Tuple
+
+K = 1024
+PAPER_EPOCHS = 90
+
+
+@dataclasses.dataclass(frozen=True)
+class Phase:
+    """Paper epochs [start, end) (the paper's "epoch 1-30" is [0, 30)) with one batch size."""
+
+    start: int
+    end: int
+    per_worker_batch: int  # as printed in Table 3
+    total_batch: int
+
+    @property
+    def paper_gpus(self) -> float:
+        return self.total_batch / self.per_worker_batch
+
+
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+    name: str
+    max_gpus: int
+    lr_config: str  # 'A' or 'B' (official_resnet.schedules)
+    label_smoothing: float
+    phases: Tuple[Phase, ...]
+    paper_top1: float  # Table 5, percent
+    paper_seconds: float  # Table 5
+
+    @property
+    def total_batches(self) -> Tuple[int, ...]:
+        return tuple(p.total_batch for p in self.phases)
+
+    def phase_at(self, paper_epoch: float) -> Phase:
+        for p in self.phases:
+            if p.start <= paper_epoch < p.end:
+                return p
+        return self.phases[-1]
+
+
+EXPERIMENTS = {
+    "ref": Experiment("Reference", 1024, "B", 0.0, (Phase(0, 90, 32, 32 * K),), 75.40, 505),
+    "1": Experiment("Exp. 1", 2176, "A", 0.0,
+                    (Phase(0, 30, 16, 34 * K), Phase(30, 90, 32, 68 * K)), 75.03, 224),
+    "2": Experiment("Exp. 2", 3456, "B", 0.1,
+                    (Phase(0, 30, 16, 54 * K), Phase(30, 90, 32, 54 * K)), 75.29, 122),
+    "3": Experiment("Exp. 3", 3456, "B", 0.1,
+                    (Phase(0, 30, 16, 54 * K), Phase(30, 90, 32, 64 * K)), 74.62, 115),
+    "4": Experiment("Exp. 4", 4096, "A", 0.0,
+                    (Phase(0, 30, 16, 34 * K), Phase(30, 45, 16, 68 * K),
+                     Phase(45, 75, 32, 85 * K), Phase(75, 90, 32, 119 * K)), 75.23, 129),
+}
+
+
+def get_experiment(name: str) -> Experiment:
+    key = str(name).strip().lower()
+    if key in ("reference", "0"):
+        key = "ref"
+    if key not in EXPERIMENTS:
+        raise ValueError(f"unknown experiment {name!r}: choose one of "
+                         f"{', '.join(EXPERIMENTS)} (Table 3 of the paper)")
+    return EXPERIMENTS[key]

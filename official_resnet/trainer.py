@@ -1,0 +1,197 @@
+"""The training loop: phases of the batch plan, samples-keyed schedules, evaluation, checkpoints.
+
+Every schedule is keyed on samples seen (epoch = samples / data-set size), the one unit the loop
+counts in: the batch size changes between phases, so steps are not a stable clock. Each phase
+rebuilds the input pipeline at its per-worker batch and traces its step once (its gradient
+accumulation is fixed within the phase). Before each evaluation the BN statistics are recomputed
+from training batches with the current weights, summed over all workers in FP32.
+"""
+import dataclasses
+import json
+import logging
+import math
+import os
+import sys
+import time
+from typing import Callable, List, Optional
+
+import numpy as np
+import tensorflow as tf
+
+from official_resnet.batch_plan import PhasePlan
+
+logger = logging.getLogger(__name__)
+
+
+class NonFiniteLossError(FloatingPointError):
+    """The mean loss over all workers became NaN or infinite."""
+
+
+@dataclasses.dataclass
+class World:
+    """Who this process is, and how to sum over all of them."""
+
+    rank: int = 0
+    size: int = 1
+    allreduce_sum: Optional[Callable[[tf.Tensor], tf.Tensor]] = None  # None: one process
+
+    def sum(self, tensor):
+        return tensor if self.allreduce_sum is None else self.allreduce_sum(tensor)
+
+    @property
+    def chief(self) -> bool:
+        return self.rank == 0
+
+
+@dataclasses.dataclass
+class EpochLog:
+    epoch: float
+    phase: int
+    loss: float
+    train_top1: float
+    lr: float
+    momentum: float
+    total_batch: int
+    per_worker_batch: int
+    accumulation: int
+    images_per_sec: float
+    elapsed: float
+    top1: Optional[float] = None  # validation, 1-crop, recomputed BN statistics
+
+
+class Trainer:
+    """Runs the whole schedule. Inputs are built by the caller (see run_scripts/train.py)."""
+
+    def __init__(self, *, model, optimizer, lars, train_step, eval_step, plans: List[PhasePlan],
+                 schedule, make_train_data: Callable[[PhasePlan], tf.data.Dataset],
+                 make_eval_data: Callable[[], tf.data.Dataset], recompute_bn: Callable,
+                 dataset_size: int, world: World, model_dir: str, eval_every: float = 1.0,
+                 bn_stat_batches: int = 10, max_steps: Optional[int] = None,
+                 summary_writer=None):
+        self.model, self.optimizer, self.lars = model, optimizer, lars
+        self.train_step, self.eval_step = train_step, eval_step
+        self.plans, self.schedule = plans, schedule
+        self.make_train_data, self.make_eval_data = make_train_data, make_eval_data
+        self.recompute_bn = recompute_bn
+        self.dataset_size, self.world, self.model_dir = dataset_size, world, model_dir
+        self.eval_every, self.bn_stat_batches, self.max_steps = eval_every, bn_stat_batches, max_steps
+        self.writer = summary_writer
+        self.samples_seen = tf.Variable(0, dtype=tf.int64, trainable=False, name="samples_seen")
+        self.steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="steps")
+        self.checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer,
+                                              samples_seen=self.samples_seen, steps=self.steps)
+        self.history: List[EpochLog] = []
+
+    # ----------------------------------------------------------------------------------------
+    def epoch(self) -> float:
+        return int(self.samples_seen.numpy()) / self.dataset_size
+
+    def set_hyperparameters(self, plan: PhasePlan):
+        """LR and momentum for the current fractional epoch and the total batch in force."""
+        epoch = self.epoch()
+        lr = self.schedule.lr(epoch)
+        momentum = self.schedule.momentum(epoch, plan.total_batch)
+        self.lars.learning_rate.assign(lr)
+        self.lars.momentum.assign(momentum)
+        return lr, momentum
+
+    def evaluate(self, train_iterator) -> float:
+        batches = [next(train_iterator) for _ in range(self.bn_stat_batches)]
+        self.recompute_bn(self.model, [b[0] for b in batches], self.world.allreduce_sum)
+        correct = total = 0.0
+        for images, labels in self.make_eval_data():
+            c, n = self.eval_step(images, labels)
+            correct, total = correct + float(c), total + float(n)
+        sums = self.world.sum(tf.constant([correct, total], tf.float64)).numpy()
+        if sums[1] == 0:
+            raise ValueError("the validation split is empty: check --data_dir")
+        return 100.0 * sums[0] / sums[1]
+
+    # ----------------------------------------------------------------------------------------
+    def run(self) -> List[EpochLog]:
+        start = time.monotonic()
+        end_epoch = self.plans[-1].end_epoch
+        next_eval = self.eval_every
+        for plan in self.plans:
+            if self.epoch() >= plan.end_epoch - 1e-9:
+                continue  # resumed past this phase
+            step_fn = self.train_step.build(plan.accumulation)
+            iterator = iter(self.make_train_data(plan))
+            self._log_phase(plan)
+            while self.epoch() < plan.end_epoch - 1e-9:
+                epoch_start, t0 = self.epoch(), time.monotonic()
+                stop_at = min(plan.end_epoch, math.floor(epoch_start + 1e-9) + 1.0)
+                # enough whole steps to reach the boundary (never a 1-step sliver after it)
+                steps = max(1, math.ceil((stop_at - epoch_start) * self.dataset_size
+                                         / plan.total_batch - 1e-9))
+                progbar = tf.keras.utils.Progbar(steps, verbose=1 if sys.stdout.isatty() else 2,
+                                                 unit_name="step") if self.world.chief else None
+                loss_sum = correct = 0.0
+                for i in range(steps):
+                    lr, momentum = self.set_hyperparameters(plan)
+                    images, labels = next(iterator)
+                    loss, c = step_fn(images, labels)
+                    loss = float(loss)
+                    self.samples_seen.assign_add(plan.total_batch)
+                    self.steps.assign_add(1)
+                    if not math.isfinite(loss):
+                        raise NonFiniteLossError(
+                            f"the mean loss over all workers is {loss} at step "
+                            f"{int(self.steps.numpy())} (epoch {self.epoch():.2f}): training "
+                            f"diverged; lower the learning rate (--lr_scale) or the LARS "
+                            f"--trust_coefficient, or use --precision=float32")
+                    loss_sum, correct = loss_sum + loss, correct + float(c)
+                    if progbar:
+                        progbar.update(i + 1, [("loss", loss), ("lr", lr)])
+                    if self.max_steps and int(self.steps.numpy()) >= self.max_steps:
+                        break
+                seconds = time.monotonic() - t0
+                train = self.world.sum(tf.constant([correct, (i + 1) * plan.per_worker_batch],
+                                                   tf.float64)).numpy()
+                log = EpochLog(epoch=self.epoch(), phase=plan.index, loss=loss_sum / (i + 1),
+                               train_top1=100.0 * train[0] / train[1], lr=lr, momentum=momentum,
+                               total_batch=plan.total_batch,
+                               per_worker_batch=plan.per_worker_batch,
+                               accumulation=plan.accumulation,
+                               images_per_sec=(i + 1) * plan.total_batch / seconds,
+                               elapsed=time.monotonic() - start)
+                done = self.epoch() >= end_epoch - 1e-9 or (
+                    self.max_steps and int(self.steps.numpy()) >= self.max_steps)
+                if self.epoch() >= next_eval - 1e-9 or done:
+                    log.top1 = self.evaluate(iterator)
+                    while next_eval <= self.epoch() + 1e-9:
+                        next_eval += self.eval_every
+                self._end_epoch(log)
+                if done:
+                    return self.history
+        return self.history
+
+    # ----------------------------------------------------------------------------------------
+    def _log_phase(self, plan: PhasePlan):
+        if self.world.chief:
+            logger.info(
+                "phase %d: epochs %.2f-%.2f, total batch %d = %d workers x %d per worker "
+                "(%d micro-batch%s of %d), %d steps/epoch", plan.index + 1, plan.start_epoch,
+                plan.end_epoch, plan.total_batch, self.world.size, plan.per_worker_batch,
+                plan.accumulation, "es" if plan.accumulation > 1 else "", plan.micro_batch,
+                plan.steps_per_epoch)
+
+    def _end_epoch(self, log: EpochLog):
+        self.history.append(log)
+        if not self.world.chief:
+            return
+        top1 = f"top-1 {log.top1:.2f}%" if log.top1 is not None else "top-1 (not evaluated)"
+        logger.info(
+            "epoch %.2f | loss %.4f | train top-1 %.2f%% | %s | lr %.4g | momentum %.4f | "
+            "batch %d total, %d/worker | %.0f images/s | %.0f s", log.epoch, log.loss,
+            log.train_top1, top1, log.lr, log.momentum, log.total_batch,
+            log.per_worker_batch, log.images_per_sec, log.elapsed)
+        if self.writer is not None:
+            with self.writer.as_default(step=int(self.samples_seen.numpy())):
+                for name, value in dataclasses.asdict(log).items():
+                    if value is not None:
+                        tf.summary.scalar(name, value)
+            self.writer.flush()
+        self.checkpoint.save(os.path.join(self.model_dir, "checkpoints", "ckpt"))
+        with open(os.path.join(self.model_dir, "history.jsonl"), "a") as f:
+            f.write(json.dumps(dataclasses.asdict(log)) + "\n")

@@ -1,0 +1,190 @@
+"""Train ResNet-50 on ImageNet with the recipe of Mikami et al. (arXiv 1811.05233).
+
+    horovodrun -np 3456 -H ... python run_scripts/train.py --exp=2 --data_dir=/imagenet
+    horovodrun --gloo -np 4 -H localhost:4 python run_scripts/train.py --exp=2 \
+        --flagfile=run_scripts/embedded.flags          # the small run on the embedded data
+    python run_scripts/train.py --exp=2 --flagfile=run_scripts/embedded.flags   # one process
+
+`--exp` picks a row of the paper's Table 3 (batch-size control per epoch range, LR
+configuration, label smoothing); flags override any part of it. Gradients are averaged with
+tftorus' 2D-torus all-reduce; LARS updates in FP32; BN statistics are recomputed from training
+batches before each evaluation. Rank 0 logs, writes TensorBoard scalars, checkpoints and
+config.json under --model_dir, and ends with Table 5 and Table 6 style summaries.
+"""
+import json
+import logging
+import os
+import sys
+from typing import NamedTuple
+
+from absl import app
+from absl import flags as absl_flags
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import horovod.tensorflow as hvd  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import tftorus  # noqa: E402
+from flags.config import EMBEDDED_DATA_DIR, define_flags, resolve  # noqa: E402
+from flags.experiments import get_experiment  # noqa: E402
+from official_resnet import batch_plan, bn_statistics, embedded_data, input_pipeline  # noqa: E402
+from official_resnet.lars import LARS  # noqa: E402
+from official_resnet.model import resnet  # noqa: E402
+from official_resnet.schedules import Schedule  # noqa: E402
+from official_resnet.train_step import TrainStep, make_eval_step  # noqa: E402
+from official_resnet.trainer import NonFiniteLossError, Trainer, World  # noqa: E402
+
+define_flags()
+FLAGS = absl_flags.FLAGS
+
+
+class DataInfo(NamedTuple):
+    train_examples: int
+    validation_examples: int
+    num_classes: int
+
+    @classmethod
+    def of(cls, data_dir: str, num_classes: int) -> "DataInfo":
+        """Sizes from the data set's manifest when it has one, else by counting records once."""
+        info = input_pipeline.describe(data_dir, count=False)
+        if any(info["splits"][s]["records"] is None for s in ("train", "validation")):
+            info = input_pipeline.describe(data_dir, count=True)
+        train, val = (info["splits"][s]["records"] for s in ("train", "validation"))
+        if not train:
+            raise input_pipeline.DataError(f"{data_dir} holds no training records (train-*): "
+                                           f"point --data_dir at ImageNet TFRecords")
+        return cls(train, val, num_classes or info["num_classes"] or 1000)
+EXCLUDE_FROM_LARS = ["_bn", "bias"]  # BN parameters and biases: no decay, no trust ratio
+
+# Errors that mean "the input is wrong": one clear line and exit status 2, no traceback.
+USER_ERRORS = (ValueError, FileNotFoundError, tftorus.GridError, NonFiniteLossError)
+
+logger = logging.getLogger("train")
+
+
+def main(argv):
+    del argv
+    config = resolve(FLAGS)
+
+    # ============================================================================================
+    # Distributed set-up: one process per worker; the torus grid's process sets at start-up.
+    # ============================================================================================
+    tftorus.init(grid=config.grid)
+    rank, size = hvd.rank(), hvd.size()
+    world = World(rank=rank, size=size,
+                  allreduce_sum=(lambda t: hvd.allreduce(t, op=hvd.Sum)) if size > 1 else None)
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
+                        format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    tf.keras.utils.set_random_seed(config.seed)  # same initial weights everywhere; broadcast below
+    if config.precision == "mixed_float16":
+        tf.keras.mixed_precision.set_global_policy("mixed_float16")
+
+    # ============================================================================================
+    # Data: ImageNet TFRecords, or the embedded set generated offline on first use.
+    # ============================================================================================
+    if config.data_dir == EMBEDDED_DATA_DIR:
+        if rank == 0:  # one writer (it skips a complete set); the others wait at the barrier
+            embedded_data.generate(config.data_dir)
+        hvd.allreduce(tf.constant(0), name="data_ready")  # barrier
+    info = DataInfo.of(config.data_dir, config.num_classes)
+    experiment = get_experiment(config.exp)
+    plans = batch_plan.plan_phases(experiment, world_size=size, dataset_size=info.train_examples,
+                                   epochs=config.epochs, batch_divisor=config.batch_divisor,
+                                   max_micro_batch=config.max_micro_batch)
+
+    augment = input_pipeline.AugmentConfig.from_names(
+        config.augment, area_range=(config.min_crop_area, 1.0))
+
+    def train_data(plan):
+        return input_pipeline.make_dataset(
+            config.data_dir, "train", plan.per_worker_batch, image_size=config.image_size,
+            num_workers=size, worker_index=rank, training=True,
+            seed=config.seed + 1000 * plan.index, label_offset=config.label_offset,
+            num_classes=info.num_classes, augment=augment)
+
+    def eval_data():
+        return input_pipeline.make_dataset(
+            config.data_dir, "validation", 64, image_size=config.image_size, num_workers=size,
+            worker_index=rank, training=False, label_offset=config.label_offset,
+            num_classes=info.num_classes)
+
+    # ============================================================================================
+    # Model and optimizer: ResNet in mixed precision, LARS in FP32 under dynamic loss scaling.
+    # ============================================================================================
+    model = resnet(depth=config.depth, num_classes=info.num_classes, width=config.width,
+                   input_shape=(config.image_size, config.image_size, 3),
+                   small_inputs=config.small_inputs)
+    lars = LARS(learning_rate=0.0, momentum=0.9, weight_decay=config.weight_decay,
+                trust_coefficient=config.trust_coefficient, epsilon=config.lars_epsilon,
+                exclude_from_weight_decay=EXCLUDE_FROM_LARS)
+    optimizer = (tf.keras.mixed_precision.LossScaleOptimizer(lars)
+                 if config.precision == "mixed_float16" else lars)
+    # The momentum rule compares the total batch with the paper's 32K; a scaled-down run divides
+    # both by the same factor so momentum keeps the paper's values.
+    schedule = Schedule(config.lr_config, total_epochs=config.epochs, lr_scale=config.lr_scale,
+                        reference_batch=config.reference_batch / config.batch_divisor)
+    compression = {"none": tftorus.Compression.none, "fp16": tftorus.Compression.fp16,
+                   "bf16": tftorus.Compression.bf16}[config.compression]
+    reduce_fn = tftorus.gradient_reducer(
+        hvd.Average, compression, algorithm=config.algorithm,
+        fusion_threshold_bytes=int(config.fusion_threshold_mb * 1024 * 1024))
+    step = TrainStep(model, optimizer, reduce_fn, info.num_classes, config.label_smoothing)
+    tftorus.broadcast_variables(model.variables, root_rank=0)  # every worker starts from rank 0
+
+    # ============================================================================================
+    # Train.
+    # ============================================================================================
+    os.makedirs(config.model_dir, exist_ok=True)
+    writer = None
+    if rank == 0:
+        logger.info("configuration:\n%s", config.to_json())
+        logger.info("%s on %d worker(s), torus grid %s, data: %d train / %d validation images, "
+                    "%d classes", experiment.name, size, tftorus.context.default_grid(),
+                    info.train_examples, info.validation_examples, info.num_classes)
+        with open(os.path.join(config.model_dir, "config.json"), "w") as f:
+            f.write(config.to_json())
+        writer = tf.summary.create_file_writer(os.path.join(config.model_dir, "tensorboard"))
+    trainer = Trainer(model=model, optimizer=optimizer, lars=lars, train_step=step,
+                      eval_step=make_eval_step(model), plans=plans, schedule=schedule,
+                      make_train_data=train_data, make_eval_data=eval_data,
+                      recompute_bn=bn_statistics.recompute_bn_statistics,
+                      dataset_size=info.train_examples, world=world, model_dir=config.model_dir,
+                      eval_every=config.eval_every, bn_stat_batches=config.bn_stat_batches,
+                      max_steps=config.max_steps, summary_writer=writer)
+    history = trainer.run()
+
+    # ============================================================================================
+    # Summary: the paper's Table 5 (accuracy, time) and Table 6 (throughput) for this run.
+    # ============================================================================================
+    if rank == 0:
+        final = history[-1]
+        rates = [h.images_per_sec for h in history[1:]] or [history[0].images_per_sec]
+        summary = {
+            "experiment": experiment.name, "workers": size, "grid": str(tftorus.context.default_grid()),
+            "top1_1crop": final.top1, "seconds": final.elapsed, "epochs": final.epoch,
+            "images_per_sec": sum(rates) / len(rates),
+            "paper_top1": experiment.paper_top1, "paper_seconds": experiment.paper_seconds,
+        }
+        logger.info("Table 5 style | %s | workers %d | batch %d-%d | top-1 1-crop %.2f%% | %.0f s "
+                    "(paper: %.2f%% in %d s on %d V100)", experiment.name, size,
+                    min(p.total_batch for p in plans), max(p.total_batch for p in plans),
+                    final.top1, final.elapsed, experiment.paper_top1, experiment.paper_seconds,
+                    experiment.max_gpus)
+        logger.info("Table 6 style | workers %d | %.1f images/s (mean over epochs after the "
+                    "first) | %.1f images/s per worker", size, summary["images_per_sec"],
+                    summary["images_per_sec"] / size)
+        with open(os.path.join(config.model_dir, "summary.json"), "w") as f:
+            json.dump(summary, f, indent=2)
+
+
+def run(argv):
+    try:
+        main(argv)
+    except USER_ERRORS as error:
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    app.run(run)
