@@ -78,9 +78,19 @@ if [ "$need_build" = 1 ]; then
     log "no cmake on this machine: installing it from PyPI"; pip_quiet install --quiet cmake
   fi
   export MAKEFLAGS="-j$(nproc)"
-  log "building Horovod 0.28.1 from source (about 3 minutes on 2 cores)"
+  build_log="$venv/horovod-build.log"
   "$py" -m pip uninstall --quiet -y horovod >/dev/null 2>&1 || true
-  pip_quiet install --quiet --no-build-isolation --no-cache-dir horovod==0.28.1
+  for attempt in 1 2; do  # a second try covers a registry hiccup during the download
+    log "building Horovod 0.28.1 from source, attempt $attempt (about 3 minutes on 2 cores; log: $build_log)"
+    if "$py" -m pip install --no-build-isolation --no-cache-dir horovod==0.28.1 >"$build_log" 2>&1; then
+      break
+    fi
+    grep -v "is ignored: it is neither" "$build_log" | tail -25 >&2
+    if [ "$attempt" = 2 ]; then
+      echo "[setup] Horovod did not build; the full log is $build_log" >&2
+      exit 1
+    fi
+  done
 fi
 
 build_info="$("$venv/bin/horovodrun" --check-build 2>/dev/null)"

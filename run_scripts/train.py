@@ -176,6 +176,7 @@ def main(argv):
                     summary["images_per_sec"] / size)
         with open(os.path.join(config.model_dir, "summary.json"), "w") as f:
             json.dump(summary, f, indent=2)
+    tftorus.shutdown()  # every worker is past its last collective before any exits
 
 
 def run(argv):

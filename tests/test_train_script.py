@@ -1,0 +1,86 @@
+"""run_scripts/train.py end to end on a small generated data set: real workers, real JPEG
+TFRecords, batch-size control, evaluation with recomputed BN statistics; and its bad input."""
+import json
+import os
+import shutil
+import tempfile
+
+import tensorflow as tf
+
+from official_resnet import embedded_data
+from tests import harness
+
+TRAIN = os.path.join(harness.ROOT, "run_scripts", "train.py")
+FLAGFILE = os.path.join(harness.ROOT, "run_scripts", "embedded.flags")
+SPEC = embedded_data.EmbeddedSpec(num_train=1024, num_validation=128, train_shards=4,
+                                  validation_shards=2)
+
+
+class TrainScriptTest(tf.test.TestCase):
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="tftorus-train-")
+        cls.data = os.path.join(cls.tmp, "data")
+        embedded_data.generate(cls.data, SPEC, processes=1)
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def train(self, *flags, np_=0, timeout=420):
+        model_dir = tempfile.mkdtemp(dir=self.tmp)
+        args = [TRAIN, f"--flagfile={FLAGFILE}", f"--data_dir={self.data}",
+                f"--model_dir={model_dir}", "--bn_stat_batches=1", *flags]
+        return harness.run(args, np=np_, timeout=timeout), model_dir
+
+    def test_exp3_on_two_workers_switches_batch_and_momentum(self):
+        result, model_dir = self.train("--exp=3", np_=2)
+        self.assertEqual(result.returncode, 0, harness.describe(result))
+        with open(os.path.join(model_dir, "history.jsonl")) as f:
+            history = [json.loads(line) for line in f]
+        # Exp. 3: 54K then 64K, divided by 256 -> 216 then 256, from the paper's epoch 30 on
+        # (epoch 1 of this 3-epoch run); momentum 1 - 0.1 * 32768 / B keeps the paper's values.
+        first, last = history[0], history[-1]
+        self.assertEqual((first["total_batch"], first["per_worker_batch"]), (216, 108))
+        self.assertEqual((last["total_batch"], last["per_worker_batch"]), (256, 128))
+        self.assertAlmostEqual(first["momentum"], 1 - 0.1 * 32768 / 55296, places=4)
+        self.assertAlmostEqual(last["momentum"], 0.95, places=4)
+        self.assertGreaterEqual(last["epoch"], 3.0)
+        self.assertIsNotNone(last["top1"])  # evaluated with recomputed BN statistics
+        self.assertIn("Table 5 style | Exp. 3 | workers 2", result.output)
+        self.assertIn("Table 6 style | workers 2", result.output)
+        for name in ("config.json", "summary.json", "tensorboard", "checkpoints"):
+            self.assertTrue(os.path.exists(os.path.join(model_dir, name)), name)
+
+    def test_bad_input_is_a_clear_error(self):
+        corrupt = os.path.join(self.tmp, "corrupt")
+        shutil.copytree(self.data, corrupt)
+        first = sorted(f for f in os.listdir(corrupt) if f.startswith("train-"))[0]
+        with open(os.path.join(corrupt, first), "r+b") as f:
+            f.seek(40)
+            f.write(b"\x00" * 64)  # damage the first record
+        cases = [
+            (["--exp=7"], "unknown experiment '7'"),
+            (["--exp=2", "--data_dir=/nonexistent/imagenet"], "/nonexistent/imagenet"),
+            (["--exp=2", f"--data_dir={corrupt}"], first),
+            (["--exp=2", "--trust_coefficient=1000", "--lr_scale=1000"],
+             "training diverged; lower the learning rate"),
+            (["--exp=2", "--grid=3x3"], "grid 3x3 has 9 ranks but the world has 1"),
+            (["--exp=2", "--epochs=0"], "--epochs must be positive"),
+        ]
+        for flags, message in cases:
+            with self.subTest(flags=flags):
+                result, _ = self.train(*flags, timeout=300)
+                self.assertEqual(result.returncode, 2, harness.describe(result))
+                self.assertIn(message, result.output, harness.describe(result))
+                self.assertNotIn("Traceback", result.output)
+
+    def test_world_size_the_experiment_cannot_map(self):
+        result, _ = self.train("--exp=3", np_=3, timeout=300)
+        self.assertNotEqual(result.returncode, 0, harness.describe(result))
+        self.assertIn("does not split over 3 workers", result.output)
+
+
+if __name__ == "__main__":
+    tf.test.main()
