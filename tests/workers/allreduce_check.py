@@ -6,12 +6,12 @@ References: `hvd.allreduce` where Horovod takes the dtype, and always an exact f
 every rank's input gathered with `hvd.allgather`.
 """
 import os
-import sys
 
 import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
+import report  # noqa: E402  (tests/workers, the script's own folder)
 import tftorus
 from tftorus.grid import divisors
 
@@ -110,11 +110,7 @@ def main():
         want, scale = exact_sum(t)
         compare(f"tf.function shape={shape}", o, want, scale, TOLERANCE[tf.float32])
 
-    for f in failures:
-        print(f"[rank {rank}] MISMATCH {f}", flush=True)
-    print(f"[rank {rank}] grids {grids}: {checks} checks, {len(failures)} failed", flush=True)
-    tftorus.shutdown()  # every rank is past its last collective before any exits
-    sys.exit(1 if failures else 0)
+    report.finish(rank, checks, failures, what=f"grids {grids}: ")
 
 
 if __name__ == "__main__":

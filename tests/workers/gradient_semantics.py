@@ -5,12 +5,12 @@ compression): `tftorus.DistributedGradientTape` must match `hvd.DistributedGradi
 Gradients cover dense float32/float64, an IndexedSlices from an embedding lookup, an unused
 variable (None gradient), a scalar, and a mixed-dtype set fused in one call.
 """
-import sys
 
 import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
+import report  # noqa: E402  (tests/workers, the script's own folder)
 import tftorus
 
 failures = []
@@ -91,11 +91,7 @@ def main():
         checks += 1
         if got.dtype != t.dtype or not np.all(got.numpy() == n * (n - 1) / 2):
             failures.append(f"mixed dtypes {t.dtype.name}: got {got.numpy()}")
-    for f in failures:
-        print(f"[rank {rank}] MISMATCH {f}", flush=True)
-    print(f"[rank {rank}] {checks} checks, {len(failures)} failed", flush=True)
-    tftorus.shutdown()  # every rank is past its last collective before any exits
-    sys.exit(1 if failures else 0)
+    report.finish(rank, checks, failures)
 
 
 if __name__ == "__main__":
