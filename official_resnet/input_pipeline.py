@@ -30,6 +30,7 @@ damaged in a way TensorFlow only notices while decoding raises TensorFlow's own 
 """
 import dataclasses
 import os
+import warnings
 import re
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
@@ -197,7 +198,9 @@ def preprocess_for_train(image_bytes: tf.Tensor, image_size: int, seed: tf.Tenso
         image = tf.pad(image, [[pad, pad], [pad, pad], [0, 0]])
         image = tf.image.stateless_random_crop(image, [image_size, image_size, 3], seeds[1])
     if augment.max_rotation_degrees > 0 or augment.max_shear > 0:  # rotation and distortion
-        import tensorflow_addons as tfa  # here: importing it prints warnings and costs time
+        with warnings.catch_warnings():  # its end-of-life notice would fill every rank's log
+            warnings.simplefilter("ignore", UserWarning)
+            import tensorflow_addons as tfa  # here: importing it costs time
 
         max_angle = augment.max_rotation_degrees * 3.141592653589793 / 180.0
         angle = tf.random.stateless_uniform([], seeds[2], -max_angle, max_angle + 1e-12)
