@@ -1,7 +1,7 @@
 """Training-step throughput of our ResNet-50 against Keras' ResNet50, side by side.
 
-    TF_CPP_MIN_LOG_LEVEL=2 .venv/bin/python run_scripts/benchmark_model.py
-    .venv/bin/python run_scripts/benchmark_model.py --image-size 224 --batch-size 64 --classes 1000
+    .venv/bin/python run_scripts/benchmark_model.py                 # ImageNet shapes, batch 16
+    .venv/bin/python run_scripts/benchmark_model.py --image-size 64 --batch-size 32 --classes 100
 
 Every model is built at the same input size, classes and precision policy, with the same
 training step (SGD with momentum, cross-entropy on FP32 logits, loss scaling under
@@ -60,9 +60,9 @@ BUILDERS: Dict[str, Callable[..., tf.keras.Model]] = {
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--image-size", type=int, default=64, help="square input side, px")
-    p.add_argument("--batch-size", type=int, default=32, help="images per training step")
-    p.add_argument("--classes", type=int, default=100, help="outputs of the classifier")
+    p.add_argument("--image-size", type=int, default=224, help="square input side, px")
+    p.add_argument("--batch-size", type=int, default=16, help="images per training step")
+    p.add_argument("--classes", type=int, default=1000, help="outputs of the classifier")
     p.add_argument("--mixed-batch-size", type=int, default=None,
                    help="batch under mixed_float16; default --batch-size on GPU, 2 on CPU")
     p.add_argument("--mixed-image-size", type=int, default=None,

@@ -1,0 +1,98 @@
+"""Accuracy band of the main job: the same run on 4 workers and on 1 process, over several seeds.
+
+    .venv/bin/python run_scripts/accuracy_band.py                   # 3 seeds x 3 arms, ~30 min
+    .venv/bin/python run_scripts/accuracy_band.py --seeds 0 --arms np4 np1
+
+Every arm runs `run_scripts/train.py --exp=2 --flagfile=run_scripts/embedded.flags` (the README's
+main job) with one seed, so the arms differ only in how the same total batch is computed:
+
+  np4       4 workers on a 2 x 2 torus, 54 images per worker per step (the main job)
+  np1-mb54  1 process, the step's 216 images as 4 accumulated micro-batches of 54, so BN
+            normalises over the same 54 images as on each of the 4 workers
+  np1       1 process, BN over all 216 images of a step
+
+A seed fixes the initial weights; the data order and augmentation also depend on how the data
+is sharded, so np4 and np1 with one seed see different orders. The spread over seeds is the
+band a single run falls in. Each run's directory (runs/accuracy_band/<arm>_seed<k>) keeps its
+log, history.jsonl and summary.json; the table goes to runs/accuracy_band/results.csv.
+"""
+import argparse
+import csv
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VENV_BIN = os.path.dirname(sys.executable)
+ARMS = {
+    "np4": (4, ["--grid=2x2"]),
+    "np1-mb54": (1, ["--max_micro_batch=54"]),
+    "np1": (1, []),
+}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    p.add_argument("--out", default=os.path.join(REPO, "runs", "accuracy_band"))
+    p.add_argument("--timeout", type=float, default=1200, help="seconds per run before it fails")
+    p.add_argument("train_flags", nargs="*", help="extra train.py flags, after --")
+    return p.parse_args(argv)
+
+
+def run_one(arm: str, seed: int, args) -> dict:
+    workers, arm_flags = ARMS[arm]
+    model_dir = os.path.join(args.out, f"{arm}_seed{seed}")
+    summary_path = os.path.join(model_dir, "summary.json")
+    if os.path.exists(summary_path):  # finished earlier: a rerun only adds what is missing
+        with open(summary_path) as f:
+            return json.load(f)
+    os.makedirs(model_dir, exist_ok=True)
+    cmd = [os.path.join(VENV_BIN, "horovodrun"), "--gloo", "-np", str(workers),
+           "-H", f"localhost:{workers}", sys.executable, "run_scripts/train.py", "--exp=2",
+           "--flagfile=run_scripts/embedded.flags", f"--seed={seed}",
+           f"--model_dir={model_dir}", *arm_flags, *args.train_flags]
+    start = time.time()
+    with open(os.path.join(model_dir, "log.txt"), "w") as log:
+        proc = subprocess.run(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                              timeout=args.timeout)
+    if proc.returncode != 0 or not os.path.exists(summary_path):
+        raise SystemExit(f"{arm} seed {seed} failed (exit {proc.returncode}); "
+                         f"see {os.path.join(model_dir, 'log.txt')}")
+    with open(summary_path) as f:
+        summary = json.load(f)
+    print(f"  {arm:9s} seed {seed}: top-1 {summary['top1_1crop']:.2f}% "
+          f"({time.time() - start:.0f} s wall-clock)", flush=True)
+    return summary
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    print(f"{len(args.arms)} arms x {len(args.seeds)} seeds of the main job; runs in {args.out}",
+          flush=True)
+    rows = []
+    for seed in args.seeds:  # seed-major: a partial sweep still compares every arm
+        for arm in args.arms:
+            summary = run_one(arm, seed, args)
+            rows.append({"arm": arm, "seed": seed, "top1": summary["top1_1crop"],
+                         "train_seconds": summary["seconds"]})
+    with open(os.path.join(args.out, "results.csv"), "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+    print(f"\n{'arm':10s} {'seeds':>5s} {'top-1 mean':>10s} {'min':>7s} {'max':>7s} "
+          f"{'per seed':30s}")
+    for arm in args.arms:
+        top1 = [r["top1"] for r in rows if r["arm"] == arm]
+        print(f"{arm:10s} {len(top1):5d} {statistics.mean(top1):9.2f}% {min(top1):6.2f}% "
+              f"{max(top1):6.2f}%  " + ", ".join(f"{t:.2f}" for t in top1))
+
+
+if __name__ == "__main__":
+    main()
