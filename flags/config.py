@@ -45,6 +45,8 @@ class TrainConfig:
     lr_scale: float  # multiplies the LR schedule (1.0: the paper's values)
     # --- communication ---
     algorithm: str
+    engine: str
+    collective_timeout: float
     grid: str
     compression: str
     fusion_threshold_mb: float
@@ -88,6 +90,12 @@ def define_flags():
     d.DEFINE_integer("reference_batch", 32768, "total batch at which momentum is 0.9 (config B)")
     d.DEFINE_float("lr_scale", 1.0, "multiply the LR schedule (1.0: the paper's values)")
     d.DEFINE_enum("algorithm", "torus", ["torus", "ring", "hierarchical"], "gradient all-reduce")
+    d.DEFINE_enum("engine", "horovod", ["horovod", "tf"],
+                  "collectives under the all-reduce: Horovod process sets, or TensorFlow's own "
+                  "collective ops (also on TF_CONFIG clusters without horovodrun)")
+    d.DEFINE_float("collective_timeout", 300.0,
+                   "tf engine: seconds a collective may wait for its peers before the job stops "
+                   "with an error naming the cause (a dead or stalled worker)")
     d.DEFINE_string("grid", "auto", "torus grid: auto, paper, or YxX (rows x row length)")
     d.DEFINE_enum("compression", "fp16", ["none", "fp16", "bf16"],
                   "gradient wire format (paper: fp16)")
@@ -126,6 +134,7 @@ def resolve(fv=None) -> TrainConfig:
         (fv.bn_stat_batches >= 1, f"--bn_stat_batches must be >= 1"),
         (fv.eval_every > 0, f"--eval_every must be positive"),
         (fv.max_steps is None or fv.max_steps >= 1, f"--max_steps must be >= 1"),
+        (fv.collective_timeout > 0, f"--collective_timeout must be > 0 seconds"),
     ]
     for ok, message in checks:
         if not ok:
@@ -139,7 +148,8 @@ def resolve(fv=None) -> TrainConfig:
         small_inputs=fv.small_inputs, precision=fv.precision,
         trust_coefficient=fv.trust_coefficient, lars_epsilon=fv.lars_epsilon,
         weight_decay=fv.weight_decay, reference_batch=fv.reference_batch, lr_scale=fv.lr_scale,
-        algorithm=fv.algorithm, grid=fv.grid, compression=fv.compression,
+        algorithm=fv.algorithm, engine=fv.engine,
+        collective_timeout=fv.collective_timeout, grid=fv.grid, compression=fv.compression,
         fusion_threshold_mb=fv.fusion_threshold_mb, bn_stat_batches=fv.bn_stat_batches,
         eval_every=fv.eval_every, model_dir=fv.model_dir or f"runs/exp{key}", seed=fv.seed,
         max_steps=fv.max_steps)

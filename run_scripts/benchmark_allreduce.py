@@ -23,6 +23,14 @@ give the median over repeats and its ratio to Horovod's reference:
   ring     tftorus' fusion + one hvd.allreduce over the world
   hierarchical   all-reduce in the torus rows, then of the whole buffer in the columns
 
+With the tf engine (--engines ... tf, the default), the same processes also start TensorFlow's
+collective runtime (tftorus.init(engine='tf', with_horovod=True)) and time:
+
+  torus-tf, ring-tf, hierarchical-tf   the same algorithms on TF's collective ops (ring-tf is one
+           CollectiveReduceV2 over the world per fused buffer)
+  mwms     tf.distribute.MultiWorkerMirroredStrategy's own all-reduce path (its
+           CollectiveReplicaLauncher, RING, one pack, a fresh instance key per call)
+
 With --prototypes, candidate changes to tftorus built in this file (torus-chunks<K>,
 torus-nocheck) are timed alongside. The torus' steps are also timed as separate
 tf.functions (pack, row reduce-scatter, column all-reduce, row all-gather, unpack, the
@@ -73,6 +81,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     mode.add_argument("--grids", default="4=2x2,8=2x4",
                       help="launcher: torus grid per world size, 'N=YxX,...' (default: %(default)s)")
     mode.add_argument("--grid", default=None, help="worker: torus grid 'YxX' (default: planned)")
+    mode.add_argument("--engines", nargs="+", choices=("horovod", "tf"), default=["horovod", "tf"],
+                      help="engines to time beside Horovod's own all-reduce (default: both)")
     work = p.add_argument_group("workloads")
     work.add_argument("--sizes", nargs="*", type=parse_size,
                       default=[parse_size(s) for s in ("4K", "64K", "1M", "16M", "64M")],
@@ -169,16 +179,35 @@ class Setup(NamedTuple):
     native: object  # the same with hvd.reducescatter
     grid: object  # TorusGrid
     fusion_bytes: int
+    tf_comm: object  # TFCollectiveCommunicator, or None without the tf engine
 
 
-def start_tftorus(grid_spec, fusion_bytes: int) -> Setup:
+def start_tftorus(grid_spec, fusion_bytes: int, engines: Sequence[str]) -> Setup:
     import tftorus
     from tftorus import context
-    tftorus.init(grid=grid_spec)
-    comm = context.communicator()
+    if "tf" in engines:  # before any other TF call: TF joins its cluster when it starts
+        tftorus.init(grid=grid_spec, engine="tf", with_horovod=True)
+    else:
+        tftorus.init(grid=grid_spec)
+    comm = context.communicator("horovod")
     native = copy.copy(comm)  # shares the process sets; only the reduce-scatter differs
     native.reduce_scatter_impl = "native"
-    return Setup(comm, native, context.default_grid(), fusion_bytes)
+    tf_comm = context.communicator("tf") if "tf" in engines else None
+    return Setup(comm, native, context.default_grid(), fusion_bytes, tf_comm)
+
+
+def mwms_allreduce_fn(tf_comm):
+    """Sum a list of tensors the way MultiWorkerMirroredStrategy does for dense gradients."""
+    from tensorflow.python.distribute import collective_util, cross_device_utils
+    options = collective_util.Options(
+        implementation=collective_util.CommunicationImplementation.RING)
+    # tf.distribute numbers its group keys from 1; the tf engine's start at 2**20.
+    device = tf_comm.device_name(tf_comm.rank)
+    keys = cross_device_utils.CollectiveKeys(group_key_start=1)
+    launcher = cross_device_utils.CollectiveReplicaLauncher(
+        group_key=keys.get_group_key([device]), group_size=tf_comm.size, collective_keys=keys,
+        device=device, options=options)
+    return lambda ts: launcher.batch_all_reduce([list(ts)], options)
 
 
 def graph(fn):
@@ -212,13 +241,20 @@ def variant_fns(setup: Setup, workload: Workload) -> Dict[str, Callable]:
                 torus_grid=setup.grid, fusion_threshold_bytes=setup.fusion_bytes)
         return fn
 
-    return {
+    fns = {
         REFERENCE: graph(reference),
         "torus": graph(tftorus_fn("torus", setup.comm)),
         "torus-native": graph(tftorus_fn("torus", setup.native)),
         "ring": graph(tftorus_fn("ring", setup.comm)),
         "hierarchical": graph(tftorus_fn("hierarchical", setup.comm)),
     }
+    if setup.tf_comm is not None:
+        fns["torus-tf"] = graph(tftorus_fn("torus", setup.tf_comm))
+        fns["ring-tf"] = graph(tftorus_fn("ring", setup.tf_comm))
+        fns["hierarchical-tf"] = graph(tftorus_fn("hierarchical", setup.tf_comm))
+        if workload.compression == "none":  # MWMS sends what it is given: FP32 here
+            fns["mwms"] = graph(mwms_allreduce_fn(setup.tf_comm))
+    return fns
 
 
 def phase_fns(setup: Setup, workload: Workload, tensors) -> Dict[str, tuple]:
@@ -244,14 +280,25 @@ def phase_fns(setup: Setup, workload: Workload, tensors) -> Dict[str, tuple]:
     def check(_):
         return comm.all_reduce(tf.zeros([6], tf.int64), comm.world(), op="max")
 
+    tf_comm = setup.tf_comm
+    tf_phases = {} if tf_comm is None else {
+        "tf reduce-scatter (alltoall)": (
+            graph(lambda fs: [tf_comm.reduce_scatter(f, row) for f in fs]), flats),
+        "tf column all-reduce": (graph(lambda ss: [tf_comm.all_reduce(s, col) for s in ss]),
+                                 shards),
+        "tf row all-gather": (
+            graph(lambda ss: [tf_comm.all_gather(s, row, equal_sizes=True) for s in ss]), shards),
+    }
     return {
+        **tf_phases,
         "pack": (graph(pack), tensors),
         "reduce-scatter (alltoall)": (
             graph(lambda fs: [comm.reduce_scatter(f, row) for f in fs]), flats),
         "reduce-scatter (native)": (
             graph(lambda fs: [native.reduce_scatter(f, row) for f in fs]), flats),
         "column all-reduce": (graph(lambda ss: [comm.all_reduce(s, col) for s in ss]), shards),
-        "row all-gather": (graph(lambda ss: [comm.all_gather(s, row) for s in ss]), shards),
+        "row all-gather": (
+            graph(lambda ss: [comm.all_gather(s, row, equal_sizes=True) for s in ss]), shards),
         "unpack": (graph(unpack), flats),
         "consistency check": (graph(check), [tf.zeros([1])]),
     }
@@ -444,7 +491,7 @@ def bench_workload(setup: Setup, workload: Workload, args) -> List[Row]:
 
 def worker(args) -> None:
     import horovod.tensorflow as hvd
-    setup = start_tftorus(args.grid, int(args.fusion_threshold_mb * (1 << 20)))
+    setup = start_tftorus(args.grid, int(args.fusion_threshold_mb * (1 << 20)), args.engines)
     env = {k: os.environ.get(k, "") for k in ("HOROVOD_CYCLE_TIME", "HOROVOD_FUSION_THRESHOLD")}
     meta = {"np": hvd.size(), "grid": str(setup.grid), "repeats": args.repeats,
             "fusion_mb": args.fusion_threshold_mb, "cycle_time": env["HOROVOD_CYCLE_TIME"],
@@ -482,6 +529,7 @@ def grid_for(np_: int, grids: str) -> str:
 def worker_argv(args, np_: int, shapes_file: str) -> List[str]:
     argv = [sys.executable, os.path.abspath(__file__), "--worker",
             "--grid", grid_for(np_, args.grids), "--shapes-file", shapes_file,
+            "--engines", *args.engines,
             "--repeats", str(args.repeats), "--warmup", str(args.warmup),
             "--fusion-threshold-mb", str(args.fusion_threshold_mb),
             "--csv", os.path.abspath(args.csv), "--tag", args.tag,
@@ -497,7 +545,8 @@ def worker_argv(args, np_: int, shapes_file: str) -> List[str]:
 
 def launch(args, np_: int, shapes_file: str) -> int:
     """horovodrun one world size; echo rank 0's stdout, keep everything in a log file."""
-    cmd = ["horovodrun", "--gloo", "-np", str(np_), "-H", f"localhost:{np_}",
+    runner = os.path.join(os.path.dirname(sys.executable), "horovodrun")  # the venv's, unactivated
+    cmd = [runner if os.path.exists(runner) else "horovodrun", "--gloo", "-np", str(np_), "-H", f"localhost:{np_}",
            "--start-timeout", "120", *worker_argv(args, np_, shapes_file)]
     log_path = os.path.join(os.path.dirname(os.path.abspath(args.csv)), f"np{np_}.log")
     print(f"\n$ {' '.join(cmd)}\n  (full log: {log_path})", flush=True)

@@ -22,7 +22,6 @@ from absl import flags as absl_flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import horovod.tensorflow as hvd  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import tftorus  # noqa: E402
@@ -34,6 +33,7 @@ from official_resnet.model import resnet  # noqa: E402
 from official_resnet.schedules import Schedule  # noqa: E402
 from official_resnet.train_step import TrainStep, make_eval_step  # noqa: E402
 from official_resnet.trainer import NonFiniteLossError, Trainer, World  # noqa: E402
+from tftorus.tf_collective_engine import CollectiveError, translate_errors  # noqa: E402
 
 define_flags()
 FLAGS = absl_flags.FLAGS
@@ -68,12 +68,14 @@ def main(argv):
     config = resolve(FLAGS)
 
     # ============================================================================================
-    # Distributed set-up: one process per worker; the torus grid's process sets at start-up.
+    # Distributed set-up: one process per worker; the torus grid's groups at start-up (the tf
+    # engine joins TensorFlow's cluster here, so this comes before any other TensorFlow call).
     # ============================================================================================
-    tftorus.init(grid=config.grid)
-    rank, size = hvd.rank(), hvd.size()
+    tftorus.init(grid=config.grid, engine=config.engine, **(
+        {"collective_timeout": config.collective_timeout} if config.engine == "tf" else {}))
+    rank, size = tftorus.world.rank(), tftorus.world.size()
     world = World(rank=rank, size=size,
-                  allreduce_sum=(lambda t: hvd.allreduce(t, op=hvd.Sum)) if size > 1 else None)
+                  allreduce_sum=tftorus.world.allreduce_sum if size > 1 else None)
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
                         format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     tf.keras.utils.set_random_seed(config.seed)  # same initial weights everywhere; broadcast below
@@ -86,7 +88,7 @@ def main(argv):
     if config.data_dir == EMBEDDED_DATA_DIR:
         if rank == 0:  # one writer (it skips a complete set); the others wait at the barrier
             embedded_data.generate(config.data_dir)
-        hvd.allreduce(tf.constant(0), name="data_ready")  # barrier
+        tftorus.world.barrier()
     info = DataInfo.of(config.data_dir, config.num_classes)
     experiment = get_experiment(config.exp)
     plans = batch_plan.plan_phases(experiment, world_size=size, dataset_size=info.train_examples,
@@ -127,10 +129,10 @@ def main(argv):
     compression = {"none": tftorus.Compression.none, "fp16": tftorus.Compression.fp16,
                    "bf16": tftorus.Compression.bf16}[config.compression]
     reduce_fn = tftorus.gradient_reducer(
-        hvd.Average, compression, algorithm=config.algorithm,
+        "average", compression, algorithm=config.algorithm, engine=config.engine,
         fusion_threshold_bytes=int(config.fusion_threshold_mb * 1024 * 1024))
     step = TrainStep(model, optimizer, reduce_fn, info.num_classes, config.label_smoothing)
-    tftorus.broadcast_variables(model.variables, root_rank=0)  # every worker starts from rank 0
+    tftorus.world.broadcast_variables(model.variables, root_rank=0)  # every worker starts from rank 0
 
     # ============================================================================================
     # Train.
@@ -181,10 +183,14 @@ def main(argv):
 
 def run(argv):
     try:
-        main(argv)
+        with translate_errors():  # the tf engine's failed collectives, in words
+            main(argv)
     except USER_ERRORS as error:
         print(f"error: {error}", file=sys.stderr, flush=True)
         sys.exit(2)
+    except CollectiveError as error:  # a peer died or stalled: nothing to wait for
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        os._exit(3)
 
 
 if __name__ == "__main__":

@@ -1,14 +1,18 @@
-"""Launch real multi-process jobs for the tests: `horovodrun --gloo` on localhost, or one process.
+"""Launch real multi-process jobs for the tests: `horovodrun --gloo` on localhost, N plain
+processes with TF_CONFIG (the tf engine's own cluster), or one process.
 
 Every launch has a hard timeout and kills its whole process group, so a collective that hangs
 fails the test instead of stalling CI.
 """
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import time
-from typing import NamedTuple, Sequence
+from typing import NamedTuple, Sequence, Tuple
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKERS = os.path.join(ROOT, "tests", "workers")
@@ -19,6 +23,7 @@ class Result(NamedTuple):
     output: str
     seconds: float
     timed_out: bool
+    returncodes: Tuple[int, ...] = ()  # per process, for run_tf_config
 
 
 def _env():
@@ -48,6 +53,53 @@ def run(argv: Sequence[str], np: int = 0, timeout: float = 300.0, env=None) -> R
         out, _ = proc.communicate()
         timed_out = True
     return Result(proc.returncode, out, time.monotonic() - start, timed_out)
+
+
+def free_ports(count: int):
+    """Ports free right now on the loopback interface (held together, so all distinct)."""
+    socks = [socket.socket() for _ in range(count)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def run_tf_config(argv: Sequence[str], np: int, timeout: float = 300.0, env=None) -> Result:
+    """Run `python argv...` as `np` plain local processes, each with a TF_CONFIG naming all of
+    them on loopback (rank = task index). returncode: 0 if every process exited 0, else the
+    first non-zero one; returncodes has each. Output: each process' lines, in rank order."""
+    workers = [f"127.0.0.1:{p}" for p in free_ports(np)]
+    start = time.monotonic()
+    procs, logs = [], []
+    try:
+        for i in range(np):
+            tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": i}}
+            log = tempfile.TemporaryFile(mode="w+")
+            logs.append(log)
+            procs.append(subprocess.Popen(
+                [sys.executable, *argv], stdout=log, stderr=subprocess.STDOUT, text=True,
+                cwd=ROOT, env={**_env(), **(env or {}), "TF_CONFIG": json.dumps(tf_config)},
+                start_new_session=True))
+        deadline = start + timeout
+        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        timed_out = any(p.poll() is None for p in procs)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    output = []
+    for i, (p, log) in enumerate(zip(procs, logs)):
+        log.seek(0)
+        output.append(f"----- task {i} (exit {p.returncode}) -----\n{log.read()}")
+        log.close()
+    codes = tuple(p.returncode for p in procs)
+    return Result(next((c for c in codes if c), 0), "\n".join(output),
+                  time.monotonic() - start, timed_out, codes)
 
 
 def worker(name: str) -> str:

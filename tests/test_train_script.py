@@ -53,6 +53,19 @@ class TrainScriptTest(tf.test.TestCase):
         for name in ("config.json", "summary.json", "tensorboard", "checkpoints"):
             self.assertTrue(os.path.exists(os.path.join(model_dir, name)), name)
 
+    def test_tf_engine_trains_on_tf_config_workers(self):
+        # Two TF_CONFIG processes, no horovodrun and no Horovod runtime: the tf engine alone.
+        model_dir = tempfile.mkdtemp(dir=self.tmp)
+        result = harness.run_tf_config(
+            [TRAIN, f"--flagfile={FLAGFILE}", f"--data_dir={self.data}", f"--model_dir={model_dir}",
+             "--bn_stat_batches=1", "--exp=2", "--engine=tf", "--grid=1x2", "--epochs=1"],
+            np=2, timeout=420)
+        self.assertEqual(result.returncode, 0, harness.describe(result))
+        with open(os.path.join(model_dir, "summary.json")) as f:
+            summary = json.load(f)
+        self.assertEqual(summary["workers"], 2)
+        self.assertIsNotNone(summary["top1_1crop"])
+
     def test_bad_input_is_a_clear_error(self):
         corrupt = os.path.join(self.tmp, "corrupt")
         shutil.copytree(self.data, corrupt)

@@ -4,7 +4,9 @@ The model has no batch statistics and the loss is a batch mean, so averaging the
 workers' gradients must give the one-process gradient; 20 steps of SGD with momentum then
 agree to float32 round-off. Covered: model.fit with Keras 2.15's new and legacy optimizers,
 a custom loop with DistributedGradientTape, backward_passes_per_step=2, and mixed precision
-(LossScaleOptimizer around ours), plus save and reload of a model with the optimizer.
+(LossScaleOptimizer around ours), plus save and reload of a model with the optimizer. The same
+checks run on the tf engine (TensorFlow's collective ops), as TF_CONFIG processes without any
+Horovod runtime and under horovodrun, and the two engines must agree with each other.
 """
 import os
 import tempfile
@@ -24,17 +26,21 @@ def load(directory, rank):
 
 class TrainingEquivalenceTest(tf.test.TestCase):
 
-    def train(self, mode, np_, out):
-        result = harness.run([harness.worker("train_equivalence.py"), mode, out], np=np_,
-                             timeout=300)
+    def train(self, mode, np_, out, engine="horovod", launcher="horovodrun"):
+        argv = [harness.worker("train_equivalence.py"), mode, out]
+        env = {"TFTORUS_ENGINE": engine}
+        if launcher == "tf_config":
+            result = harness.run_tf_config(argv, np=np_, timeout=300, env=env)
+        else:
+            result = harness.run(argv, np=np_, timeout=300, env=env)
         self.assertEqual(result.returncode, 0, harness.describe(result))
         return result
 
-    def run_both(self, mode):
-        tmp = tempfile.mkdtemp(prefix=f"tftorus-eq-{mode}-")
+    def run_both(self, mode, engine="horovod", launcher="horovodrun"):
+        tmp = tempfile.mkdtemp(prefix=f"tftorus-eq-{mode}-{engine}-")
         single, multi = os.path.join(tmp, "single"), os.path.join(tmp, "multi")
-        self.train(mode, 0, single)
-        result = self.train(mode, 4, multi)
+        self.train(mode, 0, single, engine)
+        result = self.train(mode, 4, multi, engine, launcher)
         reference = load(single, 0)
         ranks = [load(multi, r) for r in range(4)]
         for r in range(1, 4):  # every worker holds exactly the same weights
@@ -73,6 +79,19 @@ class TrainingEquivalenceTest(tf.test.TestCase):
         self.assertIn("LossScaleOptimizerV3/SGD", result.output)
         for a, b in zip(reference, got):
             self.assertAllClose(a, b, atol=0.15, rtol=0)
+
+    def test_tf_engine_fit_without_horovod_and_engines_agree(self):
+        # TF_CONFIG processes: no Horovod runtime at all, Horovod's wrapper around our reduction.
+        reference, tf_engine, result = self.run_both("fit", engine="tf", launcher="tf_config")
+        self.assert_equivalent(reference, tf_engine)
+        self.assertIn("optimizer class: SGD", result.output)
+        _, horovod_engine, _ = self.run_both("fit")
+        for i, (a, b) in enumerate(zip(horovod_engine, tf_engine)):
+            rel = np.max(np.abs(a - b)) / np.max(np.abs(a))
+            self.assertLess(rel, 1e-6, f"variable {i}: engines differ by {rel:.2e}")
+
+    def test_tf_engine_tape_under_horovodrun(self):
+        self.assert_equivalent(*self.run_both("tape", engine="tf")[:2])
 
 
 if __name__ == "__main__":

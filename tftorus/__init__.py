@@ -5,9 +5,12 @@
 
 Everything Horovod offers stays available under the same names; `init`,
 `DistributedOptimizer`, `DistributedGradientTape` and `Compression` are tftorus' own.
+`tftorus.world` has rank(), size(), barrier() and broadcast_variables() that also work on the
+tf engine without a Horovod runtime (TF_CONFIG clusters).
 """
 from horovod.tensorflow import *  # noqa: F401,F403  rank(), size(), broadcast_variables(), ...
 
+from tftorus import world  # noqa: F401
 from tftorus.compression import Compression  # noqa: F401  adds bf16 to Horovod's choices
 from tftorus.context import init, shutdown  # noqa: F401
 from tftorus.grid import PAPER_GRIDS, GridError, TorusGrid, plan_grid, resolve_grid  # noqa: F401
@@ -20,10 +23,11 @@ from tftorus.optimizer import torus_gradient_reduction as _reduction
 
 def DistributedOptimizer(optimizer, *args, algorithm="torus", grid=None,
                          fusion_threshold_bytes=128 * 1024 * 1024, check_consistency=True,
-                         **kwargs):
+                         engine=None, **kwargs):
     """`horovod.tensorflow.DistributedOptimizer` (legacy TF optimizers and Keras ones),
     reducing over the torus. Torus options as in `tftorus.keras.DistributedOptimizer`."""
-    with _reduction(TorusOptions(algorithm, grid, fusion_threshold_bytes, check_consistency)):
+    with _reduction(TorusOptions(algorithm, grid, fusion_threshold_bytes, check_consistency,
+                                 engine)):
         return _hvd_tf.DistributedOptimizer(optimizer, *args, **kwargs)
 
 

@@ -21,7 +21,7 @@ def torus_allreduce(comm: Communicator, grid: TorusGrid, flat: tf.Tensor) -> tf.
     row, col = grid.row_group(comm.rank), grid.col_group(comm.rank)
     shard = comm.reduce_scatter(flat, row)  # step 1: horizontal
     shard = comm.all_reduce(shard, col)  # step 2: vertical, on 1/X of the buffer
-    return comm.all_gather(shard, row)  # step 3: horizontal
+    return comm.all_gather(shard, row, equal_sizes=True)  # step 3: horizontal
 
 
 def ring_allreduce(comm: Communicator, grid: TorusGrid, flat: tf.Tensor) -> tf.Tensor:

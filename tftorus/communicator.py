@@ -57,12 +57,18 @@ class Communicator(abc.ABC):
             return tensor
         return self._all_reduce(tensor, group, op)
 
-    def all_gather(self, tensor: tf.Tensor, group: Sequence[int]) -> tf.Tensor:
-        """Concatenate every member's tensor along dimension 0, in group order."""
+    def all_gather(self, tensor: tf.Tensor, group: Sequence[int],
+                   equal_sizes: bool = False) -> tf.Tensor:
+        """Concatenate every member's tensor along dimension 0, in group order.
+
+        Members may pass different first dimensions; `equal_sizes=True` promises they do not
+        (the algorithms' shards), so an engine that must otherwise exchange sizes first (the
+        tf engine) can skip that round.
+        """
         group = self._check(group)
         if len(group) == 1:
             return tensor
-        return self._all_gather(tensor, group)
+        return self._all_gather(tensor, group, equal_sizes)
 
     def _check(self, group: Sequence[int]) -> Group:
         group = tuple(sorted(int(r) for r in group))
@@ -81,7 +87,7 @@ class Communicator(abc.ABC):
         ...
 
     @abc.abstractmethod
-    def _all_gather(self, tensor: tf.Tensor, group: Group) -> tf.Tensor:
+    def _all_gather(self, tensor: tf.Tensor, group: Group, equal_sizes: bool) -> tf.Tensor:
         ...
 
 

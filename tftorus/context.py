@@ -3,6 +3,11 @@
 Horovod fixes its process sets at `hvd.init()`, so `tftorus.init()` must know the grids before
 Horovod starts. It reads the world size from the launcher's environment (horovodrun, OpenMPI,
 PMI); where none is set it starts Horovod with dynamic process sets and registers them after.
+
+`init(engine="tf")` runs the same algorithms on TensorFlow's collective ops instead
+(tftorus/tf_collective_engine.py). It never starts Horovod: the cluster comes from TF_CONFIG or
+horovodrun's rendezvous (tftorus/tf_cluster.py), and it must be called before any other
+TensorFlow call, because TF's runtime joins a cluster only when it starts.
 """
 import logging
 import os
@@ -11,6 +16,7 @@ from typing import Iterable, List, Optional, Tuple
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
+from tftorus.communicator import Communicator
 from tftorus.grid import GridError, GridSpec, TorusGrid, hierarchical_grid, resolve_grid
 from tftorus.horovod_engine import HorovodCommunicator
 
@@ -18,12 +24,15 @@ logger = logging.getLogger(__name__)
 
 _SIZE_VARS = ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 _LOCAL_SIZE_VARS = ("HOROVOD_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS")
+ENGINES = ("horovod", "tf")
 
 
 class _State:
-    def __init__(self, comm: HorovodCommunicator, grid: TorusGrid):
+    def __init__(self, comm: Communicator, grid: TorusGrid,
+                 horovod_comm: Optional[HorovodCommunicator] = None):
         self.comm = comm
         self.grid = grid  # the default torus grid
+        self.horovod_comm = horovod_comm  # the tf engine's Horovod companion under horovodrun
 
 
 _state: Optional[_State] = None
@@ -55,15 +64,36 @@ def _grids_for(size: int, local_size: int, grid: GridSpec, extra_grids) -> List[
 
 
 def init(grid: GridSpec = None, extra_grids: Iterable[GridSpec] = (),
-         reduce_scatter_impl: str = "alltoall", process_sets=None):
+         reduce_scatter_impl: Optional[str] = None, process_sets=None,
+         engine: str = "horovod", collective_timeout: Optional[float] = None,
+         tf_host: Optional[str] = None, tf_port: Optional[int] = None,
+         with_horovod: bool = False):
     """Start Horovod with a process set per torus row and column, like `hvd.init()`.
 
     grid: the torus grid (None/'auto': planned from the world size; 'paper'; 'YxX'; row length).
     extra_grids: further grids to register for algorithms or grids picked per optimizer.
-    process_sets: the caller's own Horovod process sets, registered too.
+    process_sets: the caller's own Horovod process sets, registered too (Horovod engine).
+    reduce_scatter_impl: 'alltoall' (default on CPUs) or 'native' (NCCL); see the engines.
+    engine: 'horovod' (Horovod process sets) or 'tf' (TensorFlow's collective ops, no Horovod;
+      call init() first thing, before any other TensorFlow call).
+    collective_timeout, tf_host, tf_port: tf engine only; see tftorus.tf_cluster.bootstrap.
+    with_horovod: tf engine under horovodrun only: start Horovod too, with the same grids'
+      process sets, so engine='horovod' and Horovod's own functions work beside the tf engine
+      (to compare the engines). Off by default: Horovod's background thread costs CPU time.
     """
     global _state
     extra_grids = list(extra_grids)
+    _check_engine_args(engine, process_sets, collective_timeout, tf_host, tf_port)
+    if engine == "tf":
+        return _init_tf(grid, extra_grids, reduce_scatter_impl, collective_timeout, tf_host,
+                        tf_port, with_horovod)
+    if with_horovod:
+        raise ValueError("with_horovod=True goes with engine='tf'; the Horovod engine always "
+                         "runs Horovod")
+    if _state is not None and _state.comm.engine != "horovod":
+        raise RuntimeError(f"tftorus already runs on the {_state.comm.engine!r} engine; "
+                           f"call init() once per process with one engine")
+    reduce_scatter_impl = reduce_scatter_impl or "alltoall"
     if _state is not None and hvd.is_initialized():
         wanted = resolve_grid(grid, hvd.size(), hvd.local_size())
         if grid is not None and wanted != _state.grid:
@@ -92,6 +122,61 @@ def init(grid: GridSpec = None, extra_grids: Iterable[GridSpec] = (),
     return _state
 
 
+def _check_engine_args(engine, process_sets, collective_timeout, tf_host, tf_port):
+    if engine not in ENGINES:
+        raise ValueError(f"unknown engine {engine!r}; choose 'horovod' (Horovod process sets, "
+                         f"the default) or 'tf' (TensorFlow's collective ops)")
+    tf_only = {"collective_timeout": collective_timeout, "tf_host": tf_host, "tf_port": tf_port}
+    given = sorted(k for k, v in tf_only.items() if v is not None)
+    if engine == "horovod" and given:
+        raise ValueError(f"{', '.join(given)} only apply to engine='tf'; Horovod takes its "
+                         f"timeouts and addresses from horovodrun (HOROVOD_* variables)")
+    if engine == "tf" and process_sets:
+        raise ValueError("process_sets are Horovod's; engine='tf' builds its own groups from "
+                         "the grids: pass grid=/extra_grids= instead")
+    if collective_timeout is not None and not collective_timeout > 0:
+        raise ValueError(f"collective_timeout must be > 0 seconds, got {collective_timeout!r}")
+
+
+def _init_tf(grid, extra_grids, reduce_scatter_impl, collective_timeout, tf_host, tf_port,
+             with_horovod):
+    """The tf engine: bootstrap TF's cluster (TF_CONFIG or horovodrun); Horovod only if asked."""
+    global _state
+    from tftorus import tf_cluster
+    from tftorus.tf_collective_engine import TFCollectiveCommunicator
+
+    if _state is not None:
+        if _state.comm.engine != "tf":
+            raise RuntimeError(f"tftorus already runs on the {_state.comm.engine!r} engine; "
+                               f"call init() once per process with one engine")
+        comm = _state.comm
+        wanted = resolve_grid(grid, comm.size, comm.local_size)
+        if grid is not None and wanted != _state.grid:
+            raise GridError(f"tftorus is already running on a {_state.grid} grid; {wanted} "
+                            f"was asked for: pass it to the first init() call")
+        return _state
+    if reduce_scatter_impl not in (None, "auto", "alltoall", "native"):
+        raise ValueError(f"reduce_scatter_impl must be 'alltoall' or 'native' (or None for the "
+                         f"engine's choice), got {reduce_scatter_impl!r}")
+    tf_cluster.check_not_started()  # before horovodrun's rendezvous publishes a port
+    cluster = tf_cluster.discover(tf_host, tf_port, collective_timeout)
+    grids = _grids_for(cluster.size, cluster.local_size, grid, extra_grids)  # before TF starts
+    cluster = tf_cluster.bootstrap(tf_host, tf_port, collective_timeout)
+    comm = TFCollectiveCommunicator(cluster, _groups_of(grids), reduce_scatter_impl or "auto",
+                                    collective_timeout)
+    horovod_comm = None
+    if with_horovod:
+        if cluster.source != "horovodrun":
+            raise ValueError(f"with_horovod=True needs horovodrun; this cluster came from "
+                             f"{cluster.source}")
+        sets = [hvd.ProcessSet(list(g)) for g in _groups_of(grids)]
+        hvd.init(process_sets=sets)
+        horovod_comm = HorovodCommunicator(sets, "alltoall")
+    _state = _State(comm, grids[0], horovod_comm)
+    _log_grid()
+    return _state
+
+
 def _adopt_running_horovod(grid, extra_grids, reduce_scatter_impl):
     """Horovod already runs (the user called hvd.init()): add the sets if it allows that."""
     global _state
@@ -113,7 +198,7 @@ def _adopt_running_horovod(grid, extra_grids, reduce_scatter_impl):
 
 
 def _log_grid():
-    if hvd.rank() == 0:
+    if _state.comm.rank == 0:
         g = _state.grid
         logger.info("tftorus: %d ranks as a %s torus (%d rows of %d), %d sequential steps "
                     "per all-reduce (a ring takes %d)", g.size, g, g.y, g.x,
@@ -130,17 +215,65 @@ def state() -> _State:
     return _state
 
 
-def communicator() -> HorovodCommunicator:
-    return state().comm
+def check_engine_name(engine: Optional[str]) -> None:
+    if engine is not None and engine not in ENGINES:
+        raise ValueError(f"unknown engine {engine!r}; choose 'horovod' (Horovod process sets) "
+                         f"or 'tf' (TensorFlow's collective ops), or None for the engine "
+                         f"tftorus.init() started")
+
+
+def communicator(engine: Optional[str] = None) -> Communicator:
+    """The running communicator of `engine` (None: the one tftorus.init() was asked for)."""
+    check_engine_name(engine)
+    comm = state().comm
+    if engine is None or engine == comm.engine:
+        return comm
+    if engine == "horovod" and hvd.is_initialized():
+        # The tf engine under horovodrun starts Horovod too: its process sets are the same grids.
+        if _state.horovod_comm is None:
+            raise RuntimeError("Horovod runs without tftorus' process sets; call tftorus.init("
+                               "engine='tf') before hvd.init() so both engines get their groups")
+        return _state.horovod_comm
+    raise RuntimeError(
+        f"engine={engine!r} was asked for, but tftorus.init() started the {comm.engine!r} engine "
+        f"only. Start it with tftorus.init(engine='tf') under horovodrun to have both, or drop "
+        f"engine= to use the running one")
+
+
+def is_whole_world(process_set) -> bool:
+    """True for None, Horovod's global set, and the tf engine's stand-in for it."""
+    return (process_set is None or process_set is hvd.global_process_set
+            or isinstance(process_set, WorldProcessSet)
+            or process_set == hvd.global_process_set)
+
+
+class WorldProcessSet(hvd.ProcessSet):
+    """All ranks, answered by the tf engine: Horovod's optimizer and tape wrappers ask their
+    process set for size() and included(); without a Horovod runtime (TF_CONFIG clusters) this
+    answers from the TensorFlow cluster instead."""
+
+    def __init__(self, comm: Communicator):
+        super().__init__(list(range(comm.size)))
+        self.process_set_id = 0
+        self._comm = comm
+
+    def size(self):
+        return self._comm.size
+
+    def rank(self):
+        return self._comm.rank
+
+    def included(self):
+        return True
 
 
 def default_grid() -> TorusGrid:
     return state().grid
 
 
-def grid_for(algorithm: str, grid: GridSpec = None) -> TorusGrid:
+def grid_for(algorithm: str, grid: GridSpec = None, engine: Optional[str] = None) -> TorusGrid:
     """The grid an algorithm runs on: the node grid for 'hierarchical', else the torus grid."""
-    comm = communicator()
+    comm = communicator(engine)
     if algorithm == "hierarchical":
         return hierarchical_grid(comm.size, comm.local_size)
     if grid is None:
@@ -157,6 +290,8 @@ def shutdown():
     Not for error paths: a barrier there could wait for ranks that will never arrive.
     """
     global _state
+    if _state is not None and _state.comm.engine == "tf":
+        _state.comm.barrier()  # task 0 resolves every group: it must outlive the last collective
     if hvd.is_initialized():
         if hvd.size() > 1:
             hvd.allreduce(tf.constant(0), op=hvd.Sum, name="tftorus_shutdown_barrier")

@@ -99,7 +99,8 @@ class HorovodCommunicator(Communicator):
         shard = self._reduce_scatter(padded, group)
         return tf.reshape(self._all_gather(shard, group)[:length], tf.shape(tensor))
 
-    def _all_gather(self, tensor, group):
+    def _all_gather(self, tensor, group, equal_sizes=False):
+        del equal_sizes  # hvd.allgather takes any first dimension at no extra cost
         return _move(hvd.allgather, tensor, self.process_set(group))
 
 

@@ -13,7 +13,7 @@ import threading
 import horovod.tensorflow as hvd_tf
 import horovod.tensorflow.keras as hvd_keras
 
-from tftorus import fusion, reduction
+from tftorus import context, fusion, reduction
 from tftorus.reduction import TorusOptions
 
 _SEAM_LOCK = threading.RLock()
@@ -40,15 +40,23 @@ def torus_gradient_reduction(options: TorusOptions):
             hvd_tf._make_allreduce_grads_fn = original
 
 
-def _options(algorithm, grid, fusion_threshold_bytes, check_consistency):
+def _options(algorithm, grid, fusion_threshold_bytes, check_consistency, engine):
     return TorusOptions(algorithm=algorithm, grid=grid,
                         fusion_threshold_bytes=fusion_threshold_bytes,
-                        check_consistency=check_consistency)
+                        check_consistency=check_consistency, engine=engine)
+
+
+def _world_set_without_horovod(engine, kwargs):
+    """On a TF_CONFIG cluster (tf engine, no Horovod runtime) Horovod's wrappers still ask their
+    process set for size() and included(): hand them one that the tf engine answers."""
+    if "process_set" not in kwargs and not hvd_tf.is_initialized():
+        kwargs["process_set"] = context.WorldProcessSet(context.communicator(engine))
+    return kwargs
 
 
 def DistributedOptimizer(optimizer, *args, algorithm="torus", grid=None,
                          fusion_threshold_bytes=fusion.DEFAULT_THRESHOLD_BYTES,
-                         check_consistency=True, **kwargs):
+                         check_consistency=True, engine=None, **kwargs):
     """`horovod.tensorflow.keras.DistributedOptimizer`, reducing over the 2D torus.
 
     Takes every argument of Horovod 0.28.1's (name, device_dense, device_sparse, compression,
@@ -60,28 +68,32 @@ def DistributedOptimizer(optimizer, *args, algorithm="torus", grid=None,
       fusion_threshold_bytes: largest fused buffer (default 128 MiB, Horovod's); 0: no fusion.
       check_consistency: compare tensor shapes across ranks each step (one 48-byte all-reduce),
         so a rank with different gradients raises instead of hanging.
+      engine: 'horovod' (process sets) or 'tf' (TensorFlow's collective ops); None: the engine
+        tftorus.init() started.
     """
     with torus_gradient_reduction(_options(algorithm, grid, fusion_threshold_bytes,
-                                           check_consistency)):
-        return hvd_keras.DistributedOptimizer(optimizer, *args, **kwargs)
+                                           check_consistency, engine)):
+        return hvd_keras.DistributedOptimizer(optimizer, *args,
+                                              **_world_set_without_horovod(engine, kwargs))
 
 
 def DistributedGradientTape(gradtape, *args, algorithm="torus", grid=None,
                             fusion_threshold_bytes=fusion.DEFAULT_THRESHOLD_BYTES,
-                            check_consistency=True, **kwargs):
+                            check_consistency=True, engine=None, **kwargs):
     """`horovod.tensorflow.DistributedGradientTape`, reducing over the 2D torus.
 
     Takes every argument of Horovod 0.28.1's, plus the torus options of DistributedOptimizer.
     """
     with torus_gradient_reduction(_options(algorithm, grid, fusion_threshold_bytes,
-                                           check_consistency)):
-        return hvd_tf.DistributedGradientTape(gradtape, *args, **kwargs)
+                                           check_consistency, engine)):
+        return hvd_tf.DistributedGradientTape(gradtape, *args,
+                                              **_world_set_without_horovod(engine, kwargs))
 
 
 def load_model(filepath, *args, algorithm="torus", grid=None,
                fusion_threshold_bytes=fusion.DEFAULT_THRESHOLD_BYTES, check_consistency=True,
-               **kwargs):
+               engine=None, **kwargs):
     """`horovod.tensorflow.keras.load_model`: a saved model whose optimizer reduces over the torus."""
     with torus_gradient_reduction(_options(algorithm, grid, fusion_threshold_bytes,
-                                           check_consistency)):
+                                           check_consistency, engine)):
         return hvd_keras.load_model(filepath, *args, **kwargs)

@@ -36,9 +36,11 @@ class TorusOptions:
     grid: GridSpec = None  # None: the grid given to tftorus.init()
     fusion_threshold_bytes: int = fusion.DEFAULT_THRESHOLD_BYTES
     check_consistency: bool = True  # one tiny all-reduce per step: mismatched ranks fail, not hang
+    engine: Optional[str] = None  # 'horovod' or 'tf'; None: the engine tftorus.init() started
 
     def __post_init__(self):
         algorithms.check_algorithm(self.algorithm)
+        context.check_engine_name(self.engine)
         if not isinstance(self.fusion_threshold_bytes, int) or self.fusion_threshold_bytes < 0:
             raise ValueError(f"fusion_threshold_bytes must be a whole number >= 0, "
                              f"got {self.fusion_threshold_bytes!r}")
@@ -100,18 +102,19 @@ def fused_allreduce(tensors: Sequence[tf.Tensor], op="sum", *, algorithm: str = 
                     grid: GridSpec = None, compression=Compression.none,
                     prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                     fusion_threshold_bytes: int = fusion.DEFAULT_THRESHOLD_BYTES,
-                    check_consistency: bool = True,
+                    check_consistency: bool = True, engine: Optional[str] = None,
                     comm: Optional[Communicator] = None,
                     torus_grid: Optional[TorusGrid] = None) -> List[tf.Tensor]:
     """All-reduce dense tensors over every rank; returns them in order and shape.
 
     op: 'sum' or 'average' (or hvd.Sum / hvd.Average). Average divides by the world size after
     the sum (and after `postscale_factor`); for integers it truncates toward zero, as Horovod.
+    engine: 'horovod' or 'tf' (None: the one tftorus.init() started).
     """
     op = op_name(op)
     algorithms.check_algorithm(algorithm)
-    comm = comm or context.communicator()
-    torus_grid = torus_grid or context.grid_for(algorithm, grid)
+    comm = comm or context.communicator(engine)
+    torus_grid = torus_grid or context.grid_for(algorithm, grid, engine)
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     for i, t in enumerate(tensors):
         check_dtype(t, i)
@@ -177,14 +180,13 @@ def make_allreduce_grads_fn(name: str, compression, sparse_as_dense: bool, op,
     op = op_name(op)
     if gradient_predivide_factor <= 0:
         raise ValueError(f"gradient_predivide_factor must be > 0, got {gradient_predivide_factor}")
-    if process_set is not None and process_set != hvd.global_process_set \
-            and options.algorithm != "ring":
+    if not context.is_whole_world(process_set) and options.algorithm != "ring":
         raise ValueError(
             "tftorus lays its grid over all ranks; for a sub-set of ranks use "
             "algorithm='ring' (Horovod's all-reduce on that process set) or hvd.DistributedOptimizer")
-    comm = context.communicator()
-    torus_grid = context.grid_for(options.algorithm, options.grid)  # grid errors show up here
-    group = tuple(sorted(process_set.ranks)) if process_set and process_set.ranks else None
+    comm = context.communicator(options.engine)
+    torus_grid = context.grid_for(options.algorithm, options.grid, options.engine)  # grid errors
+    group = None if context.is_whole_world(process_set) else tuple(sorted(process_set.ranks))
     set_size = len(group) if group else comm.size
     # Average as Horovod splits it: divide by the predivide factor before the sum, the rest after.
     pre = 1.0 / gradient_predivide_factor if op == "average" else 1.0
@@ -232,7 +234,8 @@ def make_allreduce_grads_fn(name: str, compression, sparse_as_dense: bool, op,
 def gradient_reducer(op=hvd.Average, compression=Compression.none, *, algorithm: str = "torus",
                      grid: GridSpec = None,
                      fusion_threshold_bytes: int = fusion.DEFAULT_THRESHOLD_BYTES,
-                     check_consistency: bool = True, name: str = "GradientReducer"):
+                     check_consistency: bool = True, engine: Optional[str] = None,
+                     name: str = "GradientReducer"):
     """`reduce(grads, vars=None) -> grads` averaged (or summed) over all workers on the torus.
 
     For custom training steps that accumulate or scale gradients themselves before one
@@ -241,6 +244,5 @@ def gradient_reducer(op=hvd.Average, compression=Compression.none, *, algorithm:
     """
     options = TorusOptions(algorithm=algorithm, grid=grid,
                            fusion_threshold_bytes=fusion_threshold_bytes,
-                           check_consistency=check_consistency)
-    return make_allreduce_grads_fn(name, compression, False, op, 1.0, None,
-                                   hvd.global_process_set, options)
+                           check_consistency=check_consistency, engine=engine)
+    return make_allreduce_grads_fn(name, compression, False, op, 1.0, None, None, options)

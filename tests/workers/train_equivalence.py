@@ -12,6 +12,10 @@ gradient either way, so the final weights must agree. Modes:
 
     horovodrun --gloo -np 4 -H localhost:4 python tests/workers/train_equivalence.py fit OUT
     python tests/workers/train_equivalence.py fit OUT          # the one-process reference
+
+TFTORUS_ENGINE=tf runs the same on the tf engine (TensorFlow's collective ops), under horovodrun
+or as TF_CONFIG processes: no Horovod runtime then, so Horovod's callbacks are left out (the
+initial broadcast is explicit anyway) and rank, size and broadcast come from tftorus.world.
 """
 import os
 import sys
@@ -23,6 +27,7 @@ import tftorus.keras as hvd  # the one-line change from `import horovod.tensorfl
 import tftorus
 
 STEPS, GLOBAL_BATCH, CLASSES = 20, 32, 5
+ENGINE = os.environ.get("TFTORUS_ENGINE", "horovod")
 
 
 def data():
@@ -49,14 +54,14 @@ def model(seed):
 
 
 def main(mode, out_dir):
-    hvd.init()
-    rank, size = hvd.rank(), hvd.size()
+    hvd.init(engine=ENGINE)
+    rank, size = tftorus.world.rank(), tftorus.world.size()
     if mode == "mixed":
         tf.keras.mixed_precision.set_global_policy("mixed_float16")
     x, y = data()
     x, y = shard(x, rank, size), shard(y, rank, size)
     net = model(seed=rank)
-    tftorus.broadcast_variables(net.variables, root_rank=0)  # every rank starts from rank 0's weights
+    tftorus.world.broadcast_variables(net.variables, root_rank=0)  # all start from rank 0's weights
     loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     legacy = mode in ("fit_legacy", "accumulate")
     sgd = tf.keras.optimizers.legacy.SGD if legacy else tf.keras.optimizers.SGD
@@ -79,7 +84,7 @@ def main(mode, out_dir):
             average_aggregated_gradients=True)
         net.compile(optimizer=opt, loss=loss)
         callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0),  # Horovod's, as they are
-                     hvd.callbacks.MetricAverageCallback()]
+                     hvd.callbacks.MetricAverageCallback()] if ENGINE == "horovod" else []
         net.fit(x, y, batch_size=per_rank, epochs=1, shuffle=False, verbose=0, callbacks=callbacks)
         if rank == 0:
             print(f"optimizer class: {type(net.optimizer).__name__}"

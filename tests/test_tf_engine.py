@@ -1,0 +1,179 @@
+"""The tf engine (TensorFlow collective ops): argument errors, cluster discovery, and real jobs.
+
+The jobs are real local processes: N plain processes with TF_CONFIG, or `horovodrun --gloo`
+(the engine then swaps server addresses through horovodrun's rendezvous). Each job runs every
+check of tests/workers/tf_engine_check.py against float64 NumPy references. N = 12 is where TF's
+member order (device names sorted as strings: task:10 before task:2) differs from rank order;
+N <= 10 has task indices 0-9 only, so the order never differs there.
+Two jobs SIGKILL a worker: the survivors must exit non-zero, in time, saying what happened.
+"""
+import json
+import re
+
+import tensorflow as tf
+
+import tftorus
+from tests import harness
+from tftorus import context, tf_cluster
+from tftorus.tf_collective_engine import explain, tf_member_order
+
+
+class ArgumentErrorTest(tf.test.TestCase):
+
+    def test_unknown_engine(self):
+        with self.assertRaisesRegex(ValueError, "unknown engine 'nccl'.*'horovod'.*'tf'"):
+            tftorus.init(engine="nccl")
+
+    def test_tf_options_need_the_tf_engine(self):
+        with self.assertRaisesRegex(ValueError, "collective_timeout only apply to engine='tf'"):
+            tftorus.init(collective_timeout=10)
+        with self.assertRaisesRegex(ValueError, "tf_host, tf_port only apply"):
+            tftorus.init(tf_host="10.0.0.1", tf_port=9000)
+
+    def test_process_sets_are_horovods(self):
+        with self.assertRaisesRegex(ValueError, "process_sets are Horovod's"):
+            tftorus.init(engine="tf", process_sets=[object()])
+
+    def test_bad_timeout(self):
+        with self.assertRaisesRegex(ValueError, "collective_timeout must be > 0"):
+            tftorus.init(engine="tf", collective_timeout=0)
+
+    def test_after_tensorflow_started(self):
+        tf.constant(1.0)  # TF's runtime now runs in this process
+        saved, context._state = context._state, None  # other tests may have run init()
+        try:
+            with self.assertRaisesRegex(RuntimeError, r"already started.*tftorus.init\("
+                                                      r"engine='tf'\).*before any other"):
+                tftorus.init(engine="tf")
+            with self.assertRaisesRegex(RuntimeError, "already started"):
+                tf_cluster.bootstrap()
+        finally:
+            context._state = saved
+
+
+class DiscoveryTest(tf.test.TestCase):
+
+    def config(self, workers, index, task_type="worker", **extra):
+        return json.dumps({"cluster": {"worker": workers, **extra},
+                           "task": {"type": task_type, "index": index}})
+
+    def test_tf_config(self):
+        workers = ["hostA:2222", "hostA:2223", "hostB:2222", "localhost:1", "127.0.0.1:2"]
+        c = tf_cluster.from_tf_config(self.config(workers, 1), timeout=5)
+        self.assertEqual((c.rank, c.size, c.local_rank, c.local_size), (1, 5, 1, 2))
+        self.assertEqual(c.device, "/job:worker/replica:0/task:1/device:CPU:0")
+        c = tf_cluster.from_tf_config(self.config(workers, 4), timeout=5)
+        self.assertEqual((c.local_rank, c.local_size), (1, 2))  # loopback names are one host
+
+    def test_bad_tf_config(self):
+        with self.assertRaisesRegex(ValueError, "TF_CONFIG must look like"):
+            tf_cluster.from_tf_config("{not json", timeout=5)
+        with self.assertRaisesRegex(ValueError, "outside the 2 workers"):
+            tf_cluster.from_tf_config(self.config(["a:1", "b:1"], 2), timeout=5)
+        with self.assertRaisesRegex(ValueError, "one job named 'worker'"):
+            tf_cluster.from_tf_config(self.config(["a:1"], 0, chief=["c:1"]), timeout=5)
+        with self.assertRaisesRegex(ValueError, "not 'host:port'"):
+            tf_cluster.from_tf_config(self.config(["a"], 0), timeout=5)
+
+    def test_member_order_is_device_name_string_order(self):
+        device = lambda r: f"/job:worker/replica:0/task:{r}/device:CPU:0"  # noqa: E731
+        self.assertEqual(tf_member_order((0, 1, 2, 10, 11), device), (0, 1, 10, 11, 2))
+        self.assertEqual(tf_member_order((4, 10), device), (10, 4))
+        self.assertEqual(tf_member_order((1, 3, 5), device), (1, 3, 5))
+
+    def test_explain(self):
+        timeout = explain(tf.errors.DeadlineExceededError(
+            None, None, "Collective has timed out waiting for other workers."), 30)
+        self.assertIn("did not take part within the collective timeout of 30 s", timeout)
+        self.assertIn("restart the job", timeout)
+        gone = explain(tf.errors.UnavailableError(None, None, "Connection reset by peer"))
+        self.assertIn("became unreachable", gone)
+
+
+def _ok(test, result, checks_at_least=1):
+    test.assertEqual(result.returncode, 0, harness.describe(result))
+    test.assertFalse(result.timed_out, harness.describe(result))
+    counts = [int(m) for m in re.findall(r"(\d+) checks, 0 failed", result.output)]
+    test.assertTrue(counts and min(counts) >= checks_at_least, harness.describe(result))
+    test.assertNotIn("MISMATCH", result.output)
+
+
+class TFEngineJobsTest(tf.test.TestCase):
+    """Each launch runs every check once; N = 10 and 12 run fewer FP16 variants (2 cores)."""
+
+    def run_check(self, np_, launcher, timeout, *extra):
+        argv = [harness.worker("tf_engine_check.py"), "--timeout", "120", *extra]
+        if launcher == "tf_config":
+            return harness.run_tf_config(argv, np_, timeout=timeout)
+        return harness.run(argv, np=np_, timeout=timeout)
+
+    def test_one_plain_process(self):
+        result = harness.run([harness.worker("tf_engine_check.py")], timeout=120)
+        _ok(self, result)
+        self.assertIn("tf engine (single)", result.output)
+
+    def test_two_ranks_tf_config(self):
+        result = self.run_check(2, "tf_config", 180)
+        _ok(self, result, 100)
+        self.assertEqual(result.output.count("tf engine (TF_CONFIG)"), 2)
+
+    def test_four_ranks_horovodrun_rendezvous(self):
+        result = self.run_check(4, "horovodrun", 240)
+        _ok(self, result, 100)
+        self.assertEqual(result.output.count("tf engine (horovodrun)"), 4)
+
+    def test_six_ranks_tf_config(self):
+        _ok(self, self.run_check(6, "tf_config", 300), 100)
+
+    def test_ten_ranks_tf_config(self):
+        result = self.run_check(10, "tf_config", 420, "--light")
+        _ok(self, result, 100)
+        self.assertIn("'5x2', '2x5'", result.output)
+
+    def test_twelve_ranks_task_name_order(self):
+        result = self.run_check(12, "tf_config", 480, "--light")
+        _ok(self, result, 100)
+        differs = [int(k) for k in re.findall(r"order differs from rank order in (\d+)",
+                                              result.output)]
+        self.assertEqual(len(differs), 12, harness.describe(result))
+        self.assertTrue(all(k > 0 for k in differs), "at N = 12 every rank is in the world "
+                                                      "group, whose TF order is 0, 1, 10, 11, 2..")
+
+
+class KilledWorkerTest(tf.test.TestCase):
+    """A SIGKILLed worker: the others exit non-zero within the timeout, naming the cause."""
+
+    def test_killed_mid_collective(self):
+        timeout = 20
+        result = harness.run_tf_config(
+            [harness.worker("tf_engine_kill.py"), "--timeout", str(timeout), "--victim", "0"],
+            np=4, timeout=180)
+        self.assertFalse(result.timed_out, harness.describe(result))
+        self.assertEqual(result.returncodes[0], -9, harness.describe(result))
+        self.assertEqual(result.returncodes[1:], (3, 3, 3), harness.describe(result))
+        failed = re.findall(r"FAILED after ([\d.]+)s .*: (tftorus tf engine: .*)", result.output)
+        self.assertEqual(len(failed), 3, harness.describe(result))
+        for seconds, message in failed:
+            # killed ~2 s into the loop; a survivor notices at once or after the timeout
+            self.assertLess(float(seconds), 2 + timeout + 5, message)
+            self.assertRegex(message, "unreachable|collective timeout")
+            self.assertIn("restart the job", message)
+
+    def test_dead_before_collective_times_out(self):
+        timeout = 8
+        result = harness.run_tf_config(
+            [harness.worker("tf_engine_kill.py"), "--timeout", str(timeout), "--victim", "2",
+             "--kill_before_first"], np=3, timeout=180)
+        self.assertFalse(result.timed_out, harness.describe(result))
+        self.assertEqual(result.returncodes, (3, 3, -9), harness.describe(result))
+        failed = re.findall(r"FAILED after ([\d.]+)s .*: (tftorus tf engine: .*)", result.output)
+        self.assertEqual(len(failed), 2, harness.describe(result))
+        for seconds, message in failed:
+            self.assertGreaterEqual(float(seconds), timeout - 0.5, message)
+            self.assertLess(float(seconds), timeout + 15, message)
+            self.assertIn(f"did not take part within the collective timeout of {timeout} s",
+                          message)
+
+
+if __name__ == "__main__":
+    tf.test.main()

@@ -1,0 +1,66 @@
+"""Worker: one rank is SIGKILLed; the others must fail with a clear error, not hang.
+
+Every rank runs torus all-reduces in a tf.function loop. The victim kills itself with SIGKILL
+(from a timer thread, so mid-collective) `--kill_after` seconds into the loop, or before its first
+collective with --kill_before_first (its peers then wait in a collective nobody else joins).
+A survivor prints "[rank r] FAILED after <s>s: <message>" and exits 3; one that finishes the loop
+exits 0 (a test failure: it should have noticed).
+"""
+import argparse
+import os
+import signal
+import sys
+import threading
+import time
+
+import tftorus
+from tftorus import context
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--timeout", type=float, required=True)
+parser.add_argument("--victim", type=int, default=1)
+parser.add_argument("--kill_after", type=float, default=2.0)
+parser.add_argument("--kill_before_first", action="store_true")
+parser.add_argument("--loop_seconds", type=float, default=120.0)
+opts = parser.parse_args()
+
+tftorus.init(engine="tf", collective_timeout=opts.timeout)
+
+import tensorflow as tf  # noqa: E402
+from tftorus.tf_collective_engine import CollectiveError, translate_errors  # noqa: E402
+
+rank = context.communicator().rank
+
+
+def die():
+    print(f"[rank {rank}] victim: SIGKILL now", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def main():
+    if rank == opts.victim and opts.kill_before_first:
+        die()
+    step = tf.function(lambda t: tftorus.fused_allreduce([t], "sum")[0])
+    x = tf.ones([1 << 18])
+    start = time.monotonic()
+    steps = 0
+    try:
+        with translate_errors(opts.timeout):
+            step(x).numpy()  # traced and run once everywhere before the kill
+        print(f"[rank {rank}] looping", flush=True)
+        if rank == opts.victim:
+            threading.Timer(opts.kill_after, die).start()
+        while time.monotonic() - start < opts.loop_seconds:
+            with translate_errors(opts.timeout):
+                step(x).numpy()
+            steps += 1
+    except CollectiveError as e:
+        print(f"[rank {rank}] FAILED after {time.monotonic() - start:.1f}s ({steps} steps): {e}",
+              flush=True)
+        sys.stdout.flush()
+        os._exit(3)  # not sys.exit: nothing left to clean up that could wait for the dead peer
+    print(f"[rank {rank}] finished {steps} steps without noticing the dead peer", flush=True)
+
+
+if __name__ == "__main__":
+    main()

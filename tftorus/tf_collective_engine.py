@@ -1,0 +1,367 @@
+"""Communicator on TensorFlow's own collective ops (CollectiveReduceV2, GatherV2, AllToAllV2).
+
+No Horovod: the cluster comes from `tftorus.tf_cluster.bootstrap()`, and every collective runs
+on this task's device with a group key, an instance key, an ordering token and a timeout.
+
+Keys. TF identifies a collective by (group key, instance key). The *group key* says which
+tasks take part; ours is a hash of the sorted rank tuple, so every member derives it alone, and
+clashes among the groups the engine is told about are resolved in one canonical order that every
+process walks identically. The *instance key* names one collective within a group. Measured on TF
+2.15 (CPU, gRPC): a key may be used again and again for the same collective (same op, merge op,
+dtype and shape), in later steps, eager calls and retraced functions, with no mixing of data even
+when ranks are a whole collective apart (300 back-to-back rounds). Reusing a key with another
+shape, dtype or op aborts the process' collective executor ("Shape mismatch in the collective
+instance", "expected type 0 and data_type 1"). Keys are scoped per group key. A key's first use
+costs one round trip to the leader (task 0) to resolve it, so a fresh key per call (what
+tf.distribute does) measured ~3.5x slower per small all-reduce than a reused one. Ours is therefore
+a hash of (primitive, merge op, dtype, shape, n-th such collective in this trace) within the
+group: identical on every process, unchanged by retracing (the count restarts with each trace),
+and different for every different signature. A hash clash in one process is resolved by probing.
+
+Order. TF ranks the members of a group by the *string* order of their device names, so at 11+
+tasks ".../task:10/..." comes before ".../task:2/..." (measured: a world all-gather at N = 12
+returns ranks 0, 1, 10, 11, 2, ..., 9). The engine permutes chunks so all-gather output and
+reduce-scatter shards are in ascending-rank group order, exactly as on the Horovod engine.
+
+Ordering tokens: one resource variable per group; TF's automatic control dependencies then run a
+group's collectives in program order on every member (tf.distribute does the same), so two
+members never wait for each other's different collective.
+
+Reduce-scatter: CollectiveReduceScatterV2 has only a NCCL (GPU) implementation in TF 2.15 (on a
+CPU: "CollectiveRegistry::Lookup did not find collective implementation undef"). On CPUs the
+row phase is an all-to-all plus a local FP32 sum: the same bytes as a reduce-scatter, never an
+all-reduce plus a slice (N times the bytes out of the row). On GPUs the native op is used
+(untested here: this machine has no GPU).
+
+16-bit sums: TF's CPU ring sums FP16/BF16 in 16 bits at each hop (measured: 2048 + 1 + 1 + 1 in
+FP16 gives 2048, and 256 + 1 + 1 + 1 in BF16 gives 256), so a 16-bit sum runs as reduce-scatter
+(FP32 sum) + all-gather, like the Horovod engine's.
+
+Empty tensors never reach TF: an all-gather or all-to-all of zero elements crashes the process
+(SIGSEGV) in TF 2.15.
+
+Failures: every op has a timeout (TFTORUS_TF_TIMEOUT, default 300 s). A collective that fails
+(a peer died, timed out or ran different code) aborts this process' collective executor for
+good; every later collective fails at once. Eager calls raise `CollectiveError` (a RuntimeError)
+saying so; inside tf.function wrap the step call in `translate_errors()` for the same message.
+"""
+import contextlib
+import hashlib
+import threading
+import weakref
+from typing import Dict, Iterable, Optional, Sequence, Tuple
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.python.framework import errors
+from tensorflow.python.framework import ops
+from tensorflow.python.ops import collective_ops, gen_collective_ops
+
+from tftorus.communicator import Communicator, Group, sum_in_fp32
+from tftorus.tf_cluster import Cluster
+
+#: 'alltoall': all-to-all + local FP32 sum (any device). 'native': CollectiveReduceScatterV2,
+#: NCCL only. 'auto': native where this task has a GPU, else alltoall.
+REDUCE_SCATTER_IMPLS = ("auto", "alltoall", "native")
+
+_MERGE_OPS = {"sum": "Add", "max": "Max", "min": "Min"}
+_GROUP_KEY_FIRST = 1 << 20  # tf.distribute counts its group keys up from 1: stay clear of them
+_KEY_LIMIT = (1 << 31) - 1  # keys are int32
+_GATHERV_SPAN = 32  # a variable-size all-gather pads to a power of two: one key per power
+_MOVE_DTYPES = (tf.float16, tf.float32, tf.float64, tf.int32, tf.int64)  # GatherV2's types
+
+
+class CollectiveError(RuntimeError):
+    """A TF collective failed; this process can run no further collective (restart the job)."""
+
+
+def _hash(text: str, low: int, high: int) -> int:
+    digest = hashlib.blake2b(text.encode(), digest_size=8).digest()
+    return low + int.from_bytes(digest, "big") % (high - low)
+
+
+def tf_member_order(group: Sequence[int], device_of) -> Tuple[int, ...]:
+    """The order TF ranks a group's members in: by the string order of their device names."""
+    return tuple(sorted(group, key=device_of))
+
+
+def explain(error: "errors.OpError", timeout: Optional[float] = None) -> str:
+    """What a failed TF collective means, in words."""
+    text = str(error.message if hasattr(error, "message") else error).strip()
+    first = text.splitlines()[0] if text else type(error).__name__
+    if isinstance(error, errors.DeadlineExceededError) or "timed out" in text.lower() \
+            or "deadline" in text.lower():
+        what = (f"a peer did not take part within the collective timeout"
+                f"{f' of {timeout:g} s' if timeout else ''} (it died, hangs, or runs other "
+                f"collectives; raise TFTORUS_TF_TIMEOUT if it is only slow)")
+    elif isinstance(error, errors.UnavailableError) or "connection" in text.lower() \
+            or "socket closed" in text.lower():
+        what = "a peer's TF server became unreachable (the process died or its host is down)"
+    elif "mismatch" in text.lower() or "expected type" in text.lower():
+        what = "ranks ran different collectives (shape, dtype or op differ) at the same point"
+    else:
+        what = "a TF collective failed"
+    return (f"tftorus tf engine: {what}. TF aborted this process' collective executor, so no "
+            f"further collective can run: stop and restart the job. TF said: {first}")
+
+
+@contextlib.contextmanager
+def translate_errors(timeout: Optional[float] = None):
+    """Re-raise a failed TF collective (inside a tf.function step) as a `CollectiveError`."""
+    try:
+        yield
+    except errors.OpError as e:
+        text = str(e)
+        if "Collective" not in text and "collective" not in text \
+                and not isinstance(e, (errors.DeadlineExceededError, errors.UnavailableError)):
+            raise
+        raise CollectiveError(explain(e, timeout)) from e
+
+
+class TFCollectiveCommunicator(Communicator):
+    engine = "tf"
+
+    def __init__(self, cluster: Cluster, groups: Iterable[Sequence[int]] = (),
+                 reduce_scatter_impl: str = "auto", timeout: Optional[float] = None):
+        """cluster: from tf_cluster.bootstrap(). groups: every group the grids will use, so
+        group keys are assigned in one canonical order on every process (others are hashed when
+        first used). timeout: seconds per collective (default: the cluster's)."""
+        if reduce_scatter_impl not in REDUCE_SCATTER_IMPLS:
+            raise ValueError(f"reduce_scatter_impl must be one of {REDUCE_SCATTER_IMPLS} for the "
+                             f"tf engine, got {reduce_scatter_impl!r}")
+        self._cluster = cluster
+        self.timeout = float(timeout if timeout is not None else cluster.timeout)
+        if self.timeout <= 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+        gpu = bool(tf.config.list_logical_devices("GPU")) if cluster.size > 1 else False
+        self._device = (f"{cluster.task(cluster.rank)}/device:GPU:0" if gpu else cluster.device)
+        self._hint = "nccl" if gpu else "auto"
+        if reduce_scatter_impl == "auto":
+            reduce_scatter_impl = "native" if gpu else "alltoall"
+        if reduce_scatter_impl == "native" and not gpu:
+            raise ValueError("reduce_scatter_impl='native' (CollectiveReduceScatterV2) exists "
+                             "only for GPUs (NCCL) in TF 2.15; use 'alltoall' on CPUs")
+        self.reduce_scatter_impl = reduce_scatter_impl
+        self._lock = threading.Lock()
+        self._group_keys: Dict[Group, int] = {}
+        self._group_of_key: Dict[int, Group] = {}
+        self._instance_keys: Dict[Group, Dict[tuple, int]] = {}
+        self._used_instance_keys: Dict[Group, set] = {}
+        self._tokens: Dict[Group, tf.Variable] = {}
+        self._trace_counts = weakref.WeakKeyDictionary()  # graph -> {signature: calls so far}
+        canonical = sorted({tuple(sorted(g)) for g in groups} | {self.world()},
+                           key=lambda g: (len(g), g))
+        for g in canonical:
+            if len(g) > 1:
+                self.group_key(g)
+
+    # -- identity ---------------------------------------------------------------------------
+
+    @property
+    def rank(self):
+        return self._cluster.rank
+
+    @property
+    def size(self):
+        return self._cluster.size
+
+    @property
+    def local_size(self):
+        return self._cluster.local_size
+
+    def device_name(self, rank: int) -> str:
+        return f"{self._cluster.task(rank)}/device:{self._device.rsplit('device:', 1)[1]}"
+
+    def tf_order(self, group: Group) -> Tuple[int, ...]:
+        return tf_member_order(group, self.device_name)
+
+    # -- keys and tokens --------------------------------------------------------------------
+
+    def group_key(self, group: Group) -> int:
+        with self._lock:
+            if group not in self._group_keys:
+                key = _hash(f"group{group}", _GROUP_KEY_FIRST, _KEY_LIMIT)
+                while key in self._group_of_key:
+                    key = key + 1 if key + 1 < _KEY_LIMIT else _GROUP_KEY_FIRST
+                self._group_keys[group] = key
+                self._group_of_key[key] = group
+            return self._group_keys[group]
+
+    def _signature_count(self, signature: tuple) -> int:
+        """How many collectives of this signature the current trace already holds (0 eagerly)."""
+        if tf.executing_eagerly():
+            return 0
+        graph = ops.get_default_graph()
+        while getattr(graph, "is_control_flow_graph", False):  # tf.cond / while bodies
+            graph = graph.outer_graph
+        counts = self._trace_counts.setdefault(graph, {})
+        n = counts.get(signature, 0)
+        counts[signature] = n + 1
+        return n
+
+    def instance_key(self, group: Group, signature: tuple, span: int = 1) -> int:
+        """A key (or the first of `span` consecutive keys) for this collective in `group`."""
+        with self._lock:
+            signature = signature + (self._signature_count((group,) + signature),)
+            keys = self._instance_keys.setdefault(group, {})
+            used = self._used_instance_keys.setdefault(group, set())
+            if signature not in keys:
+                key = _hash(repr(signature), 1, _KEY_LIMIT - span)
+                while any(k in used for k in range(key, key + span)):
+                    key = key + span if key + 2 * span < _KEY_LIMIT else 1
+                keys[signature] = key
+                used.update(range(key, key + span))
+            return keys[signature]
+
+    def _token(self, group: Group):
+        with self._lock:
+            if group not in self._tokens:
+                with ops.init_scope(), tf.device(self._device):
+                    self._tokens[group] = tf.Variable(0.0, trainable=False,
+                                                      name=f"tftorus_order_{len(self._tokens)}")
+            return self._tokens[group].handle
+
+    # -- the three primitives ---------------------------------------------------------------
+
+    def _run(self, build):
+        """Build (graph) or run (eager) collectives; eager failures become CollectiveError."""
+        if not tf.executing_eagerly():
+            with tf.device(self._device):
+                return build()
+        with translate_errors(self.timeout), tf.device(self._device):
+            return build()
+
+    def _args(self, group: Group, signature: tuple, span: int = 1):
+        return dict(group_size=len(group), group_key=self.group_key(group),
+                    instance_key=self.instance_key(group, signature, span),
+                    communication_hint=self._hint, timeout=self.timeout,
+                    ordering_token=self._token(group))
+
+    def _reduce_scatter(self, tensor, group):
+        tensor = tf.convert_to_tensor(tensor)
+        n = len(group)
+        _static_shape(tensor, "reduce-scatter")
+        if tensor.shape.num_elements() == 0:
+            return tensor
+        chunks = tf.reshape(tensor, [n, -1])
+        order = self.tf_order(group)
+        if order != group:  # row j goes to TF's j-th member
+            chunks = tf.gather(chunks, [group.index(m) for m in order])
+        if self.reduce_scatter_impl == "native":
+            def build():
+                args = self._args(group, ("reduce_scatter", "Add", tensor.dtype.name,
+                                          tuple(tensor.shape.as_list())))
+                return gen_collective_ops.collective_reduce_scatter_v2(
+                    tf.reshape(chunks, [-1]), group_size=args["group_size"],
+                    group_key=args["group_key"], instance_key=args["instance_key"],
+                    ordering_token=[args["ordering_token"]], merge_op="Add", final_op="Id",
+                    communication_hint=args["communication_hint"],
+                    timeout_seconds=args["timeout"])
+            return self._run(build)
+
+        def build():
+            received = collective_ops.all_to_all_v2(
+                chunks, **self._args(group, ("all_to_all", tensor.dtype.name,
+                                             tuple(chunks.shape.as_list()))))
+            return sum_in_fp32(received)  # [n, shard] from every member -> this member's sum
+        return self._run(build)
+
+    def _all_reduce(self, tensor, group, op):
+        tensor = tf.convert_to_tensor(tensor)
+        _static_shape(tensor, "all-reduce")
+        if tensor.shape.num_elements() == 0:
+            return tensor
+        if op == "sum" and tensor.dtype in (tf.float16, tf.bfloat16):
+            return self._sum_16bit(tensor, group)
+
+        def build():
+            return collective_ops.all_reduce_v2(
+                tensor, merge_op=_MERGE_OPS[op], final_op="Id",
+                **self._args(group, ("all_reduce", _MERGE_OPS[op], tensor.dtype.name,
+                                     tuple(tensor.shape.as_list()))))
+        return self._run(build)
+
+    def _sum_16bit(self, tensor, group):
+        """reduce-scatter (FP32 sum of all-to-all'd chunks) + all-gather: ring bytes, 32-bit sums."""
+        flat = tf.reshape(tensor, [-1])
+        length = int(flat.shape[0])
+        padded = tf.pad(flat, [[0, (-length) % len(group)]])
+        shard = self._reduce_scatter(padded, group)
+        return tf.reshape(self._all_gather(shard, group, True)[:length], tf.shape(tensor))
+
+    def _all_gather(self, tensor, group, equal_sizes=False):
+        tensor = tf.convert_to_tensor(tensor)
+        if tensor.shape.rank == 0:
+            raise ValueError("all-gather concatenates along dimension 0: pass a tensor of rank "
+                             ">= 1 (tf.reshape(t, [1]) for a scalar)")
+        if tensor.dtype == tf.bfloat16:  # GatherV2 takes no bfloat16; its bits travel as FP16
+            return tf.bitcast(self._all_gather(tf.bitcast(tensor, tf.float16), group,
+                                               equal_sizes), tf.bfloat16)
+        if tensor.dtype not in _MOVE_DTYPES:
+            raise TypeError(f"the tf engine's all-gather takes {[d.name for d in _MOVE_DTYPES]} "
+                            f"and bfloat16, not {tensor.dtype.name}")
+        if equal_sizes:
+            return self._gather_equal(tensor, group)
+        return self._gather_sizes_differ(tensor, group)
+
+    def _gather_equal(self, tensor, group):
+        shape = _static_shape(tensor, "all-gather")
+        n = len(group)
+        if tensor.shape.num_elements() == 0:
+            return tf.zeros([n * shape[0]] + shape[1:], tensor.dtype)
+
+        def build():
+            out = collective_ops.all_gather_v2(
+                tensor, **self._args(group, ("all_gather", tensor.dtype.name, tuple(shape))))
+            return self._to_group_order(out, group, shape[0])
+        return self._run(build)
+
+    def _to_group_order(self, out, group, rows):
+        order = self.tf_order(group)
+        if order == group:
+            return out
+        blocks = tf.reshape(out, tf.concat([[len(group), rows], tf.shape(out)[1:]], 0))
+        blocks = tf.gather(blocks, [order.index(m) for m in group])
+        return tf.reshape(blocks, tf.shape(out))
+
+    def _gather_sizes_differ(self, tensor, group):
+        """Members may pass different first dimensions (Horovod's allgather allows it; sparse
+        gradients need it). Sizes are exchanged, every tensor is padded to the next power of two
+        of the largest, so one of a few fixed keys and shapes serves every size."""
+        rest = tensor.shape.as_list()[1:]
+        if any(d is None for d in rest):
+            raise ValueError(f"all-gather needs every dimension but the first known when the "
+                             f"step is traced, got {tensor.shape}")
+        n = len(group)
+        rows = tf.shape(tensor, out_type=tf.int32)[:1]
+        sizes = self._gather_equal(rows, group)  # [n], group order
+        row_elems = int(np.prod(rest, dtype=np.int64))
+        if row_elems == 0:
+            return tf.zeros(tf.concat([[tf.reduce_sum(sizes)], rest], 0), tensor.dtype)
+        powers = tf.constant([1 << i for i in range(_GATHERV_SPAN - 1)], tf.int32)
+        exponent = tf.searchsorted(powers, tf.maximum(tf.reduce_max(sizes), 1)[None])[0]
+        capacity = tf.gather(powers, exponent)
+        padded = tf.pad(tensor, [[0, capacity - rows[0]]] + [[0, 0]] * len(rest))
+
+        def build():
+            args = self._args(group, ("all_gather_v", tensor.dtype.name, tuple(rest)),
+                              span=_GATHERV_SPAN)
+            args["instance_key"] = args["instance_key"] + exponent  # one key per capacity
+            return collective_ops.all_gather_v2(padded, **args)
+        out = self._run(build)
+        blocks = tf.reshape(out, tf.concat([[n, capacity], rest], 0))
+        order = self.tf_order(group)
+        pieces = [blocks[order.index(m), :sizes[i]] for i, m in enumerate(group)]
+        return tf.concat(pieces, 0)
+
+    def barrier(self) -> None:
+        """Every rank waits here until all have arrived (a one-element world all-reduce)."""
+        if self.size > 1:
+            self._all_reduce(tf.zeros([1], tf.int32), self.world(), "sum")
+
+
+def _static_shape(tensor, what):
+    if not tensor.shape.is_fully_defined():
+        raise ValueError(f"the tf engine's {what} needs a shape known when the step is traced "
+                         f"(its instance key depends on it), got {tensor.shape}")
+    return tensor.shape.as_list()

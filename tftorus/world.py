@@ -1,0 +1,52 @@
+"""rank(), size(), barrier() and broadcast_variables() for whichever engine runs.
+
+Where Horovod runs (the Horovod engine, or the tf engine started with `with_horovod=True`)
+these are Horovod's own. Otherwise (the tf engine, under horovodrun or on a TF_CONFIG cluster)
+the answers come from the TensorFlow cluster and the data moves over the tf engine's
+collectives.
+"""
+from typing import Sequence
+
+import horovod.tensorflow as hvd
+import tensorflow as tf
+
+from tftorus import context, reduction
+
+
+def rank() -> int:
+    return hvd.rank() if hvd.is_initialized() else context.communicator().rank
+
+
+def size() -> int:
+    return hvd.size() if hvd.is_initialized() else context.communicator().size
+
+
+def allreduce_sum(tensor, name: str = "tftorus_sum") -> tf.Tensor:
+    """Sum one tensor over all ranks, exactly for integers (metrics, BN statistics, barriers)."""
+    if hvd.is_initialized():
+        return hvd.allreduce(tensor, op=hvd.Sum, name=name)
+    if context.communicator().size == 1:
+        return tf.convert_to_tensor(tensor)
+    return reduction.fused_allreduce([tensor], "sum", algorithm="ring")[0]
+
+
+def barrier() -> None:
+    """Return when every rank has called it."""
+    allreduce_sum(tf.constant(0, tf.int32), name="tftorus_barrier")
+
+
+def broadcast_variables(variables: Sequence[tf.Variable], root_rank: int = 0) -> None:
+    """Give every rank root_rank's values (initial weights, restored state)."""
+    variables = list(variables)
+    if hvd.is_initialized():
+        hvd.broadcast_variables(variables, root_rank=root_rank)
+        return
+    comm = context.communicator()
+    if comm.size == 1 or not variables:
+        return
+    if not 0 <= root_rank < comm.size:
+        raise ValueError(f"root_rank {root_rank} is not a rank of a world of {comm.size}")
+    # A sum where every rank but the root adds zeros is the root's value, bit for bit.
+    mine = [v.read_value() if comm.rank == root_rank else tf.zeros_like(v) for v in variables]
+    for variable, value in zip(variables, reduction.fused_allreduce(mine, "sum")):
+        variable.assign(value)
