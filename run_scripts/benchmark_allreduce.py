@@ -196,17 +196,22 @@ def start_tftorus(grid_spec, fusion_bytes: int, engines: Sequence[str]) -> Setup
     return Setup(comm, native, context.default_grid(), fusion_bytes, tf_comm)
 
 
+_MWMS = {}  # one launcher per process, as one strategy has: its instance keys never repeat
+
+
 def mwms_allreduce_fn(tf_comm):
     """Sum a list of tensors the way MultiWorkerMirroredStrategy does for dense gradients."""
     from tensorflow.python.distribute import collective_util, cross_device_utils
     options = collective_util.Options(
         implementation=collective_util.CommunicationImplementation.RING)
-    # tf.distribute numbers its group keys from 1; the tf engine's start at 2**20.
-    device = tf_comm.device_name(tf_comm.rank)
-    keys = cross_device_utils.CollectiveKeys(group_key_start=1)
-    launcher = cross_device_utils.CollectiveReplicaLauncher(
-        group_key=keys.get_group_key([device]), group_size=tf_comm.size, collective_keys=keys,
-        device=device, options=options)
+    if "launcher" not in _MWMS:
+        # tf.distribute numbers its group keys from 1; the tf engine's start at 2**20.
+        device = tf_comm.device_name(tf_comm.rank)
+        keys = cross_device_utils.CollectiveKeys(group_key_start=1)
+        _MWMS["launcher"] = cross_device_utils.CollectiveReplicaLauncher(
+            group_key=keys.get_group_key([device]), group_size=tf_comm.size,
+            collective_keys=keys, device=device, options=options)
+    launcher = _MWMS["launcher"]
     return lambda ts: launcher.batch_all_reduce([list(ts)], options)
 
 
