@@ -137,6 +137,33 @@ def compare_fused(label, seed, dtype, out, wire, shapes=SHAPES):
             failures.append(f"{label} shape={shape}: dtype {out[i].dtype.name}")
 
 
+def check_split_messages():
+    """Blocks above max_message_bytes go as several collectives (uneven pieces here), eagerly
+    and in a tf.function: results must be laid out exactly as with one message."""
+    saved, comm.max_message_bytes = comm.max_message_bytes, 1024
+    try:
+        for group in (comm.world(),) + tuple(g for g in groups() if len(g) > 1)[:2]:
+            n, pos = len(group), group.index(RANK)
+            length = 601 * n  # 2404-byte blocks: pieces of 802, 802, 800 bytes
+            inputs = [wide(data(r, 800, (length,), tf.float32)) for r in group]
+            total, scale = np.sum(inputs, 0), np.sum(np.abs(inputs), 0)
+            shard = slice(pos * 601, (pos + 1) * 601)
+            for how, rs in (("eager", comm.reduce_scatter),
+                            ("tf.function", tf.function(comm.reduce_scatter))):
+                compare(f"group {group} reduce_scatter 1KiB messages {how}",
+                        rs(data(RANK, 800, (length,), tf.float32), group),
+                        total[shard], scale[shard], TOL[tf.float32])
+            for dtype, shape in ((tf.int64, (301,)), (tf.bfloat16, (7, 150)), (tf.float32, (700,))):
+                want = np.concatenate([wide(data(r, 801, shape, dtype)) for r in group])
+                compare(f"group {group} all_gather 1KiB messages {dtype.name}",
+                        comm.all_gather(data(RANK, 801, shape, dtype), group, True), want)
+        for k, grid in enumerate(GRIDS[:3]):
+            check_fused(f"torus {grid} float32 1KiB messages", 700 + k, tf.float32,
+                        algorithm="torus", grid=grid)
+    finally:
+        comm.max_message_bytes = saved
+
+
 def main():
     order_differs = [g for g in groups() if comm.tf_order(g) != g]
     print(f"[rank {RANK}] TF member order differs from rank order in {len(order_differs)} of "
@@ -154,6 +181,7 @@ def main():
                     tftorus.Compression.fp16, tf.float16, algorithm=algorithm, grid=grid)
         check_fused(f"{label} float32 64B-buckets", 400 + k, tf.float32, algorithm=algorithm,
                     grid=grid, fusion_threshold_bytes=64)
+    check_split_messages()
     # Inside tf.function: twice (keys reused), then retraced with other shapes (keys rederived).
     step = tf.function(lambda ts: tftorus.fused_allreduce(ts, "sum"))
     for call, (seed, shapes) in enumerate([(500, SHAPES), (501, SHAPES), (502, [(4,), (9, 2)])]):
