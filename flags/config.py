@@ -56,6 +56,8 @@ class TrainConfig:
     model_dir: str
     seed: int
     max_steps: Optional[int]  # stop early (tests, smoke runs); None: the whole schedule
+    on_nonfinite: str  # 'skip' or 'stop': a step with inf/NaN gradients or loss
+    max_nonfinite_skips: int  # consecutive skipped steps that stop the run anyway
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
@@ -105,6 +107,11 @@ def define_flags():
     d.DEFINE_string("model_dir", None, "checkpoints, TensorBoard and config (default: runs/exp<N>)")
     d.DEFINE_integer("seed", 0, "random seed (weights, shuffling, augmentation)")
     d.DEFINE_integer("max_steps", None, "stop after this many optimizer steps (smoke runs)")
+    d.DEFINE_enum("on_nonfinite", "skip", ["skip", "stop"],
+                  "a step whose all-reduced gradients or loss hold inf/NaN: skip it (as dynamic "
+                  "loss scaling does; logged with its step) or stop the run at once")
+    d.DEFINE_integer("max_nonfinite_skips", 10,
+                     "stop anyway after this many skipped steps in a row (a diverged run)")
 
 
 def resolve(fv=None) -> TrainConfig:
@@ -134,6 +141,8 @@ def resolve(fv=None) -> TrainConfig:
         (fv.bn_stat_batches >= 1, f"--bn_stat_batches must be >= 1"),
         (fv.eval_every > 0, f"--eval_every must be positive"),
         (fv.max_steps is None or fv.max_steps >= 1, f"--max_steps must be >= 1"),
+        (fv.max_nonfinite_skips >= 1, f"--max_nonfinite_skips must be >= 1, got "
+                                      f"{fv.max_nonfinite_skips}"),
         (fv.collective_timeout > 0, f"--collective_timeout must be > 0 seconds"),
     ]
     for ok, message in checks:
@@ -152,4 +161,5 @@ def resolve(fv=None) -> TrainConfig:
         collective_timeout=fv.collective_timeout, grid=fv.grid, compression=fv.compression,
         fusion_threshold_mb=fv.fusion_threshold_mb, bn_stat_batches=fv.bn_stat_batches,
         eval_every=fv.eval_every, model_dir=fv.model_dir or f"runs/exp{key}", seed=fv.seed,
-        max_steps=fv.max_steps)
+        max_steps=fv.max_steps, on_nonfinite=fv.on_nonfinite,
+        max_nonfinite_skips=fv.max_nonfinite_skips)

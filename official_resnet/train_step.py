@@ -3,9 +3,13 @@
     per-worker batch -> k micro-batches (gradient accumulation, k from the batch plan)
       each: forward (mixed precision) -> label-smoothed loss -> scaled backward
     -> local mean of the k gradients -> one all-reduce over the torus (the loss rides along)
-    -> unscale -> LossScaleOptimizer skips the step on inf/NaN, else LARS updates in FP32
+    -> unscale -> skip the step if any reduced gradient or the loss is inf/NaN, else LARS
+       updates in FP32 (under mixed precision the LossScaleOptimizer skips it and lowers the
+       loss scale, as dynamic loss scaling does)
 
-All workers reduce the same tensors, so they take (or skip) every step together.
+The check runs on the *reduced* values, which are the same on every worker, so all workers take
+(or skip) every step together and none is left waiting in a collective. The step returns whether
+it applied the update, so the trainer can report every skipped step.
 """
 from typing import Callable, List, Optional
 
@@ -21,7 +25,7 @@ def smoothed_cross_entropy(labels, logits, num_classes: int, label_smoothing: fl
 
 
 class TrainStep:
-    """Builds the per-phase step function: `step(images, labels) -> (loss, correct)`.
+    """Builds the per-phase step function: `step(images, labels) -> (loss, correct, applied)`.
 
     `reduce_fn(grads, vars)` averages a list of tensors over the workers (tftorus'
     gradient_reducer, or the identity on one process).
@@ -39,6 +43,10 @@ class TrainStep:
     def build(self, accumulation: int):
         """A tf.function for per-worker batches made of `accumulation` micro-batches."""
         model, variables = self.model, self.model.trainable_variables
+        if not self._loss_scaled and not getattr(self.optimizer, "_built", False):
+            # Slots must exist before the traced step: the update sits in a tf.cond branch,
+            # where TensorFlow cannot create variables.
+            self.optimizer.build(variables)
 
         def micro_step(images, labels):
             with tf.GradientTape() as tape:
@@ -71,10 +79,24 @@ class TrainStep:
             grads, loss = reduced[:-1], tf.reshape(reduced[-1], [])
             if self._loss_scaled:
                 grads = self.optimizer.get_unscaled_gradients(grads)
-            self.optimizer.apply_gradients(zip(grads, variables))
-            return loss, correct
+            finite = all_finite(grads + [loss])
+            if self._loss_scaled:  # it skips non-finite steps itself and lowers the loss scale
+                self.optimizer.apply_gradients(zip(grads, variables))
+                return loss, correct, finite
+
+            def apply():
+                self.optimizer.apply_gradients(zip(grads, variables))
+                return tf.constant(True)
+            applied = tf.cond(finite, apply, lambda: tf.constant(False))
+            return loss, correct, applied
 
         return step
+
+
+def all_finite(tensors: List[tf.Tensor]) -> tf.Tensor:
+    """True when no tensor holds an inf or a NaN (one boolean for the whole list)."""
+    return tf.reduce_all([tf.reduce_all(tf.math.is_finite(tf.cast(t, tf.float32)))
+                          for t in tensors])
 
 
 def make_eval_step(model: tf.keras.Model):

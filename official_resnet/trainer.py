@@ -24,7 +24,10 @@ logger = logging.getLogger(__name__)
 
 
 class NonFiniteLossError(FloatingPointError):
-    """The mean loss over all workers became NaN or infinite."""
+    """Non-finite loss or gradients over all workers, and the run is told to stop on them."""
+
+
+NONFINITE_POLICIES = ("skip", "stop")
 
 
 @dataclasses.dataclass
@@ -56,6 +59,7 @@ class EpochLog:
     accumulation: int
     images_per_sec: float
     elapsed: float
+    skipped_steps: int = 0  # steps of this epoch not applied: inf/NaN gradients or loss
     top1: Optional[float] = None  # validation, 1-crop, recomputed BN statistics
 
 
@@ -67,7 +71,7 @@ class Trainer:
                  make_eval_data: Callable[[], tf.data.Dataset], recompute_bn: Callable,
                  dataset_size: int, world: World, model_dir: str, eval_every: float = 1.0,
                  bn_stat_batches: int = 10, max_steps: Optional[int] = None,
-                 summary_writer=None):
+                 summary_writer=None, on_nonfinite: str = "skip", max_nonfinite_skips: int = 10):
         self.model, self.optimizer, self.lars = model, optimizer, lars
         self.train_step, self.eval_step = train_step, eval_step
         self.plans, self.schedule = plans, schedule
@@ -76,6 +80,11 @@ class Trainer:
         self.dataset_size, self.world, self.model_dir = dataset_size, world, model_dir
         self.eval_every, self.bn_stat_batches, self.max_steps = eval_every, bn_stat_batches, max_steps
         self.writer = summary_writer
+        if on_nonfinite not in NONFINITE_POLICIES:
+            raise ValueError(f"on_nonfinite must be one of {NONFINITE_POLICIES}, got "
+                             f"{on_nonfinite!r}")
+        self.on_nonfinite, self.max_nonfinite_skips = on_nonfinite, max_nonfinite_skips
+        self.skips_in_a_row = 0
         self.samples_seen = tf.Variable(0, dtype=tf.int64, trainable=False, name="samples_seen")
         self.steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="steps")
         self.checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer,
@@ -127,20 +136,21 @@ class Trainer:
                 progbar = tf.keras.utils.Progbar(steps, verbose=1 if sys.stdout.isatty() else 2,
                                                  unit_name="step") if self.world.chief else None
                 loss_sum = correct = 0.0
+                skipped = 0
                 for i in range(steps):
                     lr, momentum = self.set_hyperparameters(plan)
                     images, labels = next(iterator)
-                    loss, c = step_fn(images, labels)
+                    loss, c, applied = step_fn(images, labels)
                     loss = float(loss)
                     self.samples_seen.assign_add(plan.total_batch)
                     self.steps.assign_add(1)
-                    if not math.isfinite(loss):
-                        raise NonFiniteLossError(
-                            f"the mean loss over all workers is {loss} at step "
-                            f"{int(self.steps.numpy())} (epoch {self.epoch():.2f}): training "
-                            f"diverged; lower the learning rate (--lr_scale) or the LARS "
-                            f"--trust_coefficient, or use --precision=float32")
-                    loss_sum, correct = loss_sum + loss, correct + float(c)
+                    if not bool(applied) or not math.isfinite(loss):
+                        skipped += 1
+                        self._nonfinite_step(loss, mixed_precision=self.optimizer is not self.lars)
+                    else:
+                        self.skips_in_a_row = 0
+                    if math.isfinite(loss):
+                        loss_sum, correct = loss_sum + loss, correct + float(c)
                     if progbar:
                         progbar.update(i + 1, [("loss", loss), ("lr", lr)])
                     if self.max_steps and int(self.steps.numpy()) >= self.max_steps:
@@ -148,7 +158,8 @@ class Trainer:
                 seconds = time.monotonic() - t0
                 train = self.world.sum(tf.constant([correct, (i + 1) * plan.per_worker_batch],
                                                    tf.float64)).numpy()
-                log = EpochLog(epoch=self.epoch(), phase=plan.index, loss=loss_sum / (i + 1),
+                log = EpochLog(epoch=self.epoch(), phase=plan.index,
+                               loss=loss_sum / max(1, i + 1 - skipped), skipped_steps=skipped,
                                train_top1=100.0 * train[0] / train[1], lr=lr, momentum=momentum,
                                total_batch=plan.total_batch,
                                per_worker_batch=plan.per_worker_batch,
@@ -167,6 +178,33 @@ class Trainer:
         return self.history
 
     # ----------------------------------------------------------------------------------------
+    def _nonfinite_step(self, loss: float, mixed_precision: bool):
+        """A step whose all-reduced gradients or loss held inf/NaN was skipped on every worker:
+        report it with the step, and stop when the policy (or too long a run of them) says so."""
+        step, epoch = int(self.steps.numpy()), self.epoch()
+        self.skips_in_a_row += 1
+        overflow = mixed_precision and math.isfinite(loss)  # FP16 gradients overflowed
+        if self.world.chief:
+            scale = (f"; loss scale lowered to {float(self.optimizer.loss_scale):g}"
+                     if mixed_precision else "")
+            logger.warning("step %d (epoch %.2f): %s over all workers; the step was skipped "
+                           "(%d in a row)%s", step, epoch,
+                           "FP16 gradients overflowed" if overflow else
+                           f"non-finite gradients or loss ({loss})", self.skips_in_a_row, scale)
+        # Loss-scale overflows are routine while dynamic loss scaling finds its scale; they
+        # count against the limit only once the scale is below 1 (then FP16 cannot help).
+        if overflow and float(self.optimizer.loss_scale) >= 1.0:
+            return
+        stop_now = self.on_nonfinite == "stop"
+        if stop_now or self.skips_in_a_row >= self.max_nonfinite_skips:
+            why = ("--on_nonfinite=stop" if stop_now else
+                   f"{self.skips_in_a_row} steps in a row (--max_nonfinite_skips)")
+            raise NonFiniteLossError(
+                f"non-finite gradients or loss (mean loss {loss}) at step {step} (epoch "
+                f"{epoch:.2f}), stopping after {why}: training diverged; lower the learning rate "
+                f"(--lr_scale) or the LARS --trust_coefficient, or use --precision=float32. "
+                f"The last checkpoint in the model directory holds the weights before it")
+
     def _log_phase(self, plan: PhasePlan):
         if self.world.chief:
             logger.info(
@@ -183,9 +221,10 @@ class Trainer:
         top1 = f"top-1 {log.top1:.2f}%" if log.top1 is not None else "top-1 (not evaluated)"
         logger.info(
             "epoch %.2f | loss %.4f | train top-1 %.2f%% | %s | lr %.4g | momentum %.4f | "
-            "batch %d total, %d/worker | %.0f images/s | %.0f s", log.epoch, log.loss,
+            "batch %d total, %d/worker | %.0f images/s | %.0f s%s", log.epoch, log.loss,
             log.train_top1, top1, log.lr, log.momentum, log.total_batch,
-            log.per_worker_batch, log.images_per_sec, log.elapsed)
+            log.per_worker_batch, log.images_per_sec, log.elapsed,
+            f" | {log.skipped_steps} step(s) skipped (inf/NaN)" if log.skipped_steps else "")
         if self.writer is not None:
             with self.writer.as_default(step=int(self.samples_seen.numpy())):
                 for name, value in dataclasses.asdict(log).items():

@@ -153,7 +153,9 @@ def main(argv):
                       recompute_bn=bn_statistics.recompute_bn_statistics,
                       dataset_size=info.train_examples, world=world, model_dir=config.model_dir,
                       eval_every=config.eval_every, bn_stat_batches=config.bn_stat_batches,
-                      max_steps=config.max_steps, summary_writer=writer)
+                      max_steps=config.max_steps, summary_writer=writer,
+                      on_nonfinite=config.on_nonfinite,
+                      max_nonfinite_skips=config.max_nonfinite_skips)
     history = trainer.run()
 
     # ============================================================================================

@@ -29,7 +29,8 @@ class TrainStepTest(tf.test.TestCase):
             step = TrainStep(model, opt, identity_reduce, num_classes=4,
                              label_smoothing=0.1).build(accumulation=k)
             for _ in range(3):
-                loss, correct = step(images, labels)
+                loss, correct, applied = step(images, labels)
+                self.assertTrue(bool(applied))
             weights[k] = [v.numpy() for v in model.trainable_variables]
             self.assertTrue(np.isfinite(float(loss)))
         for k in (2, 4):
