@@ -47,6 +47,8 @@ class TrainConfig:
     algorithm: str
     engine: str
     collective_timeout: float
+    heartbeat_timeout: float  # seconds of silence after which a worker counts as lost
+    stall_timeout: float  # seconds without progress (while others moved on): a stalled worker
     grid: str
     compression: str
     fusion_threshold_mb: float
@@ -56,6 +58,9 @@ class TrainConfig:
     model_dir: str
     seed: int
     max_steps: Optional[int]  # stop early (tests, smoke runs); None: the whole schedule
+    resume: str  # 'auto', 'never' or a checkpoint directory (official_resnet/checkpointing.py)
+    stop_at_epoch: Optional[float]  # finish this epoch, checkpoint, exit 0
+    keep_checkpoints: int  # newest checkpoints kept (phase-boundary ones are always kept)
     on_nonfinite: str  # 'skip' or 'stop': a step with inf/NaN gradients or loss
     max_nonfinite_skips: int  # consecutive skipped steps that stop the run anyway
 
@@ -98,6 +103,12 @@ def define_flags():
     d.DEFINE_float("collective_timeout", 300.0,
                    "tf engine: seconds a collective may wait for its peers before the job stops "
                    "with an error naming the cause (a dead or stalled worker)")
+    d.DEFINE_float("heartbeat_timeout", 60.0,
+                   "seconds without a heartbeat after which a worker counts as lost: every "
+                   "worker then stops with an error naming it (both engines)")
+    d.DEFINE_float("stall_timeout", 900.0,
+                   "seconds a worker may make no progress while the others moved on before it "
+                   "counts as stalled and every worker stops")
     d.DEFINE_string("grid", "auto", "torus grid: auto, paper, or YxX (rows x row length)")
     d.DEFINE_enum("compression", "fp16", ["none", "fp16", "bf16"],
                   "gradient wire format (paper: fp16)")
@@ -107,6 +118,12 @@ def define_flags():
     d.DEFINE_string("model_dir", None, "checkpoints, TensorBoard and config (default: runs/exp<N>)")
     d.DEFINE_integer("seed", 0, "random seed (weights, shuffling, augmentation)")
     d.DEFINE_integer("max_steps", None, "stop after this many optimizer steps (smoke runs)")
+    d.DEFINE_string("resume", "auto", "auto: continue from the newest valid checkpoint in "
+                    "--model_dir if there is one; never: start fresh; or a checkpoint directory")
+    d.DEFINE_float("stop_at_epoch", None, "finish this epoch, write its checkpoint and exit 0 "
+                   "(time limits; changing the world size at a phase boundary)")
+    d.DEFINE_integer("keep_checkpoints", 3, "newest checkpoints kept, besides every "
+                     "phase-boundary one")
     d.DEFINE_enum("on_nonfinite", "skip", ["skip", "stop"],
                   "a step whose all-reduced gradients or loss hold inf/NaN: skip it (as dynamic "
                   "loss scaling does; logged with its step) or stop the run at once")
@@ -141,13 +158,22 @@ def resolve(fv=None) -> TrainConfig:
         (fv.bn_stat_batches >= 1, f"--bn_stat_batches must be >= 1"),
         (fv.eval_every > 0, f"--eval_every must be positive"),
         (fv.max_steps is None or fv.max_steps >= 1, f"--max_steps must be >= 1"),
+        (fv.stop_at_epoch is None or fv.stop_at_epoch > 0, f"--stop_at_epoch must be > 0"),
+        (fv.keep_checkpoints >= 1, f"--keep_checkpoints must be >= 1"),
+        (bool(fv.resume), f"--resume must be auto, never or a checkpoint directory"),
         (fv.max_nonfinite_skips >= 1, f"--max_nonfinite_skips must be >= 1, got "
                                       f"{fv.max_nonfinite_skips}"),
         (fv.collective_timeout > 0, f"--collective_timeout must be > 0 seconds"),
+        (fv.heartbeat_timeout > 0, f"--heartbeat_timeout must be > 0 seconds, got "
+                                   f"{fv.heartbeat_timeout}"),
+        (fv.stall_timeout > 0, f"--stall_timeout must be > 0 seconds, got {fv.stall_timeout}"),
     ]
     for ok, message in checks:
         if not ok:
             raise ValueError(message)
+    if str(fv.grid).strip().lower() not in ("auto", "paper"):
+        from tftorus.grid import grid_shape  # here: importing tftorus starts TensorFlow
+        grid_shape(fv.grid)  # malformed: now; whether it fits the world: at tftorus.init()
     return TrainConfig(
         exp=key if key in ("1", "2", "3", "4") else "ref", lr_config=lr_config,
         label_smoothing=smoothing, epochs=fv.epochs, batch_divisor=fv.batch_divisor,
@@ -158,8 +184,10 @@ def resolve(fv=None) -> TrainConfig:
         trust_coefficient=fv.trust_coefficient, lars_epsilon=fv.lars_epsilon,
         weight_decay=fv.weight_decay, reference_batch=fv.reference_batch, lr_scale=fv.lr_scale,
         algorithm=fv.algorithm, engine=fv.engine,
-        collective_timeout=fv.collective_timeout, grid=fv.grid, compression=fv.compression,
+        collective_timeout=fv.collective_timeout, heartbeat_timeout=fv.heartbeat_timeout,
+        stall_timeout=fv.stall_timeout, grid=fv.grid, compression=fv.compression,
         fusion_threshold_mb=fv.fusion_threshold_mb, bn_stat_batches=fv.bn_stat_batches,
         eval_every=fv.eval_every, model_dir=fv.model_dir or f"runs/exp{key}", seed=fv.seed,
-        max_steps=fv.max_steps, on_nonfinite=fv.on_nonfinite,
+        max_steps=fv.max_steps, resume=fv.resume, stop_at_epoch=fv.stop_at_epoch,
+        keep_checkpoints=fv.keep_checkpoints, on_nonfinite=fv.on_nonfinite,
         max_nonfinite_skips=fv.max_nonfinite_skips)

@@ -64,9 +64,20 @@ def plan_phases(experiment: Experiment, *, world_size: int, dataset_size: int,
                 f"({[b // batch_divisor for b in experiment.total_batches]}), "
                 f"e.g. one of: {_divisors_hint(math.gcd(*[b // batch_divisor for b in experiment.total_batches]))}")
         per_worker = total // world_size
-        accumulation = 1 if max_micro_batch is None else -(-per_worker // max_micro_batch)
+        fewest = 1 if max_micro_batch is None else -(-per_worker // max_micro_batch)
+        accumulation = fewest
         while per_worker % accumulation:  # smallest accumulation giving equal micro-batches
             accumulation += 1
+        if accumulation > fewest and 2 * (per_worker // accumulation) <= max_micro_batch:
+            # e.g. 17 per worker under a cap of 16: only 17 micro-batches of 1 are equal
+            fits = [d for d in range(1, per_worker + 1) if per_worker % d == 0]
+            raise PlanError(
+                f"{experiment.name}: the per-worker batch {per_worker} of epochs "
+                f"{phase.start + 1}-{phase.end} splits into equal micro-batches of at most "
+                f"{max_micro_batch} only as {accumulation} x {per_worker // accumulation}, far "
+                f"below the cap; set --max_micro_batch to one of {fits} (a micro-batch size "
+                f"that divides {per_worker}), or run with a number of workers that gives a "
+                f"per-worker batch with more divisors")
         steps = dataset_size // total
         if steps < 1:
             raise PlanError(f"{experiment.name}: the total batch {total} is larger than the "

@@ -28,6 +28,7 @@ the graph for the label range and for JPEG bytes, with the file name in the erro
 damaged in a way TensorFlow only notices while decoding raises TensorFlow's own error, and
 `check_records(files)` finds it (file and record index).
 """
+import contextlib
 import dataclasses
 import os
 import warnings
@@ -256,6 +257,25 @@ def _reason(error: tf.errors.OpError) -> str:
     return re.sub(r"\s*\[Op:[^\]]*\].*$", "", text).strip()
 
 
+# The in-graph checks of make_dataset (_checked_label, _checked_jpeg) begin with these words.
+IN_GRAPH_CHECKS = ("Label out of range", "image/encoded is not JPEG data")
+
+
+@contextlib.contextmanager
+def data_errors_in_words():
+    """A record that fails an in-graph check mid-run surfaces from the iterator as TensorFlow's
+    InvalidArgumentError (a traceback); inside this block it becomes a DataError saying what is
+    wrong, with the stored value and the file."""
+    try:
+        yield
+    except tf.errors.InvalidArgumentError as error:
+        if not any(check in error.message for check in IN_GRAPH_CHECKS):
+            raise
+        text = error.message.split("assertion failed: ", 1)[-1].splitlines()[0].strip()
+        text = text.strip("[]").replace("] [", " ")  # "[what:] [value] [file]" -> plain words
+        raise DataError(f"a record failed the input pipeline's check: {text}") from None
+
+
 def list_files(data_dir: str, split: str) -> List[str]:
     """Sorted record files of a split; DataError when the directory or the files are missing."""
     if split not in SPLIT_PATTERNS:
@@ -386,6 +406,14 @@ def shard_files(files: Sequence[str], num_workers: int,
 # ---------------------------------------------------------------------------------------------
 # The data set
 # ---------------------------------------------------------------------------------------------
+def validate_split(data_dir: str, split: str, *, num_workers: int = 1, worker_index: int = 0,
+                   num_classes: int = 1000, label_offset: int = 1, records: int = 1) -> None:
+    """Check the first `records` records of every file this worker will read (the check
+    make_dataset runs), so a run can refuse bad data before it writes or trains anything."""
+    files, _ = shard_files(list_files(data_dir, split), num_workers, worker_index)
+    _validate(files, records, num_classes, label_offset)
+
+
 def make_dataset(data_dir: str, split: str, batch_size: int, *, image_size: int = 224,
                  num_workers: int = 1, worker_index: int = 0, training: Optional[bool] = None,
                  seed: int = 0, label_offset: int = 1, num_classes: int = 1000,
@@ -393,7 +421,7 @@ def make_dataset(data_dir: str, split: str, batch_size: int, *, image_size: int 
                  crop_fraction: float = CROP_FRACTION, cache: Union[bool, str] = False,
                  shuffle_buffer: int = 10_000, repeat: Optional[bool] = None,
                  drop_remainder: Optional[bool] = None, deterministic: bool = False,
-                 validate_records: int = 1) -> tf.data.Dataset:
+                 validate_records: int = 1, skip_batches: int = 0) -> tf.data.Dataset:
     """One worker's batches of (images float32 [B, S, S, 3], labels int32 [B]).
 
     batch_size: per worker. training: default split == 'train' (shuffle, augment, repeat,
@@ -401,7 +429,8 @@ def make_dataset(data_dir: str, split: str, batch_size: int, *, image_size: int 
     'crop,flip,...', or an AugmentConfig; ignored when not training. cache: True (memory) or a
     file prefix; caches this worker's raw records, before shuffling. deterministic: same batches
     on every run (slightly slower). validate_records: records per file checked eagerly before
-    the pipeline is built (0: none).
+    the pipeline is built (0: none). skip_batches: start after this many batches, skipped as
+    records before decoding (resuming mid-phase; same batches as before only when deterministic).
     """
     training = split == "train" if training is None else training
     repeat = training if repeat is None else repeat
@@ -445,8 +474,10 @@ def make_dataset(data_dir: str, split: str, batch_size: int, *, image_size: int 
             image = preprocess_for_eval(image_bytes, image_size, crop_fraction)
         return normalize(image), label
 
-    ds = records.enumerate().map(preprocess, num_parallel_calls=AUTOTUNE,
-                                 deterministic=deterministic)
+    ds = records.enumerate()
+    if skip_batches:
+        ds = ds.skip(skip_batches * batch_size)  # indices (augmentation seeds) stay the same
+    ds = ds.map(preprocess, num_parallel_calls=AUTOTUNE, deterministic=deterministic)
     ds = ds.batch(batch_size, drop_remainder=drop_remainder)
     options = tf.data.Options()
     options.deterministic = deterministic

@@ -8,8 +8,9 @@
        loss scale, as dynamic loss scaling does)
 
 The check runs on the *reduced* values, which are the same on every worker, so all workers take
-(or skip) every step together and none is left waiting in a collective. The step returns whether
-it applied the update, so the trainer can report every skipped step.
+(or skip) every step together and none is left waiting in a collective. A skipped step leaves no
+trace in the model: the BN moving statistics its forward pass updated are put back too. The step
+returns whether it applied the update, so the trainer can report every skipped step.
 """
 from typing import Callable, List, Optional
 
@@ -62,6 +63,16 @@ class TrainStep:
 
         @tf.function
         def step(images, labels):
+            # Read before the forward passes move them (TF orders reads and writes of a variable
+            # as written), so a skipped step can put them back.
+            state = model.non_trainable_variables
+            state_before = [tf.identity(v) for v in state]
+
+            def discard_state_updates():
+                for v, before in zip(state, state_before):
+                    v.assign(before)
+                return tf.constant(False)
+
             micro_images = tf.split(images, accumulation)
             micro_labels = tf.split(labels, accumulation)
             loss, grads, correct = micro_step(micro_images[0], micro_labels[0])
@@ -82,12 +93,13 @@ class TrainStep:
             finite = all_finite(grads + [loss])
             if self._loss_scaled:  # it skips non-finite steps itself and lowers the loss scale
                 self.optimizer.apply_gradients(zip(grads, variables))
-                return loss, correct, finite
+                applied = tf.cond(finite, lambda: tf.constant(True), discard_state_updates)
+                return loss, correct, applied
 
             def apply():
                 self.optimizer.apply_gradients(zip(grads, variables))
                 return tf.constant(True)
-            applied = tf.cond(finite, apply, lambda: tf.constant(False))
+            applied = tf.cond(finite, apply, discard_state_updates)
             return loss, correct, applied
 
         return step

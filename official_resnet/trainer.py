@@ -19,6 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from official_resnet.batch_plan import PhasePlan
+from tftorus import watchdog
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +61,7 @@ class EpochLog:
     images_per_sec: float
     elapsed: float
     skipped_steps: int = 0  # steps of this epoch not applied: inf/NaN gradients or loss
+    skipped_at: List[int] = dataclasses.field(default_factory=list)  # their step numbers
     top1: Optional[float] = None  # validation, 1-crop, recomputed BN statistics
 
 
@@ -71,7 +73,9 @@ class Trainer:
                  make_eval_data: Callable[[], tf.data.Dataset], recompute_bn: Callable,
                  dataset_size: int, world: World, model_dir: str, eval_every: float = 1.0,
                  bn_stat_batches: int = 10, max_steps: Optional[int] = None,
-                 summary_writer=None, on_nonfinite: str = "skip", max_nonfinite_skips: int = 10):
+                 summary_writer=None, on_nonfinite: str = "skip", max_nonfinite_skips: int = 10,
+                 checkpoint_writer=None, checkpoint_extra: Optional[dict] = None,
+                 stop_at_epoch: Optional[float] = None):
         self.model, self.optimizer, self.lars = model, optimizer, lars
         self.train_step, self.eval_step = train_step, eval_step
         self.plans, self.schedule = plans, schedule
@@ -90,6 +94,16 @@ class Trainer:
         self.checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer,
                                               samples_seen=self.samples_seen, steps=self.steps)
         self.history: List[EpochLog] = []
+        self._phase = None  # 1-based phase in progress (for the watchdog's messages)
+        # Checkpoints and resume (official_resnet/checkpointing.py): the writer (rank 0), the
+        # run's constants for state.json, and the input position: per-worker batches this worker
+        # took from the current phase's (deterministic) dataset, training steps plus BN batches.
+        self.checkpoint_writer, self.checkpoint_extra = checkpoint_writer, checkpoint_extra or {}
+        if checkpoint_writer is not None and checkpoint_writer.checkpoint is None:
+            checkpoint_writer.checkpoint = self.checkpoint
+        self.stop_at_epoch, self.stopped_early = stop_at_epoch, False
+        self.batches_in_phase = 0
+        self._resume_position = None  # (phase index, batches to skip) after resume()
 
     # ----------------------------------------------------------------------------------------
     def epoch(self) -> float:
@@ -104,10 +118,18 @@ class Trainer:
         self.lars.momentum.assign(momentum)
         return lr, momentum
 
+    def _progress(self, what: str, shared: bool = True):
+        """Tell the watchdog (tftorus/watchdog.py) what this worker starts now."""
+        watchdog.progress(what, self._phase, round(self.epoch(), 4), int(self.steps.numpy()),
+                          shared=shared)
+
     def evaluate(self, train_iterator) -> float:
+        self._progress("BN statistics")
         batches = [next(train_iterator) for _ in range(self.bn_stat_batches)]
+        self.batches_in_phase += self.bn_stat_batches
         self.recompute_bn(self.model, [b[0] for b in batches], self.world.allreduce_sum)
         correct = total = 0.0
+        self._progress("evaluation")
         for images, labels in self.make_eval_data():
             c, n = self.eval_step(images, labels)
             correct, total = correct + float(c), total + float(n)
@@ -121,11 +143,20 @@ class Trainer:
         start = time.monotonic()
         end_epoch = self.plans[-1].end_epoch
         next_eval = self.eval_every
+        while next_eval <= self.epoch() + 1e-9:  # resumed: the next evaluation after it
+            next_eval += self.eval_every
         for plan in self.plans:
             if self.epoch() >= plan.end_epoch - 1e-9:
                 continue  # resumed past this phase
+            self._phase = plan.index + 1
+            self._progress("phase set-up")
             step_fn = self.train_step.build(plan.accumulation)
-            iterator = iter(self.make_train_data(plan))
+            skip = 0
+            if self._resume_position and self._resume_position[0] == plan.index:
+                skip = self._resume_position[1]  # resumed inside this phase
+            iterator = iter(self.make_train_data(plan, skip) if skip else
+                            self.make_train_data(plan))
+            self.batches_in_phase = skip
             self._log_phase(plan)
             while self.epoch() < plan.end_epoch - 1e-9:
                 epoch_start, t0 = self.epoch(), time.monotonic()
@@ -136,16 +167,18 @@ class Trainer:
                 progbar = tf.keras.utils.Progbar(steps, verbose=1 if sys.stdout.isatty() else 2,
                                                  unit_name="step") if self.world.chief else None
                 loss_sum = correct = 0.0
-                skipped = 0
+                skipped_at = []
                 for i in range(steps):
+                    self._progress("train step")
                     lr, momentum = self.set_hyperparameters(plan)
                     images, labels = next(iterator)
+                    self.batches_in_phase += 1
                     loss, c, applied = step_fn(images, labels)
                     loss = float(loss)
                     self.samples_seen.assign_add(plan.total_batch)
                     self.steps.assign_add(1)
                     if not bool(applied) or not math.isfinite(loss):
-                        skipped += 1
+                        skipped_at.append(int(self.steps.numpy()))
                         self._nonfinite_step(loss, mixed_precision=self.optimizer is not self.lars)
                     else:
                         self.skips_in_a_row = 0
@@ -156,10 +189,12 @@ class Trainer:
                     if self.max_steps and int(self.steps.numpy()) >= self.max_steps:
                         break
                 seconds = time.monotonic() - t0
+                self._progress("epoch metrics")
                 train = self.world.sum(tf.constant([correct, (i + 1) * plan.per_worker_batch],
                                                    tf.float64)).numpy()
                 log = EpochLog(epoch=self.epoch(), phase=plan.index,
-                               loss=loss_sum / max(1, i + 1 - skipped), skipped_steps=skipped,
+                               loss=loss_sum / max(1, i + 1 - len(skipped_at)),
+                               skipped_steps=len(skipped_at), skipped_at=skipped_at,
                                train_top1=100.0 * train[0] / train[1], lr=lr, momentum=momentum,
                                total_batch=plan.total_batch,
                                per_worker_batch=plan.per_worker_batch,
@@ -173,6 +208,12 @@ class Trainer:
                     while next_eval <= self.epoch() + 1e-9:
                         next_eval += self.eval_every
                 self._end_epoch(log)
+                if (not done and self.stop_at_epoch is not None
+                        and self.epoch() >= self.stop_at_epoch - 1e-9):
+                    self.stopped_early = done = True
+                    if self.world.chief:
+                        logger.info("stopping after epoch %.3f (--stop_at_epoch=%g); resume with "
+                                    "--resume=auto", self.epoch(), self.stop_at_epoch)
                 if done:
                     return self.history
         return self.history
@@ -191,6 +232,11 @@ class Trainer:
                            "(%d in a row)%s", step, epoch,
                            "FP16 gradients overflowed" if overflow else
                            f"non-finite gradients or loss ({loss})", self.skips_in_a_row, scale)
+            if self.writer is not None:  # one point per skipped step, at its place in training
+                with self.writer.as_default(step=int(self.samples_seen.numpy())):
+                    tf.summary.scalar("skipped_step", step)
+                    if mixed_precision:
+                        tf.summary.scalar("loss_scale", float(self.optimizer.loss_scale))
         # Loss-scale overflows are routine while dynamic loss scaling finds its scale; they
         # count against the limit only once the scale is below 1 (then FP16 cannot help).
         if overflow and float(self.optimizer.loss_scale) >= 1.0:
@@ -202,17 +248,46 @@ class Trainer:
             raise NonFiniteLossError(
                 f"non-finite gradients or loss (mean loss {loss}) at step {step} (epoch "
                 f"{epoch:.2f}), stopping after {why}: training diverged; lower the learning rate "
-                f"(--lr_scale) or the LARS --trust_coefficient, or use --precision=float32. "
-                f"The last checkpoint in the model directory holds the weights before it")
+                f"(--lr_scale) or the LARS --trust_coefficient"
+                + (", or use --precision=float32" if mixed_precision else "")
+                + ". The step was not applied"
+                + ("; --on_nonfinite=skip would skip isolated bad steps instead" if stop_now
+                   else ""))
+
+    def resume(self, state: dict):
+        """Continue from a restored checkpoint's state.json (the variables, samples_seen and steps
+        were restored by checkpointing.restore). Inside a phase on the same world size, the
+        phase's dataset is rebuilt and the batches this worker already took are skipped."""
+        if not state.get("phase_boundary") and state["world_size"] == self.world.size:
+            self._resume_position = (state["phase"], state["input_batches_in_phase"])
+        if self.world.chief:
+            logger.info("resumed at epoch %.3f (%d samples, step %d) from phase %d%s",
+                        self.epoch(), int(self.samples_seen.numpy()), int(self.steps.numpy()),
+                        state["phase"] + 1,
+                        f", skipping {self._resume_position[1]} input batches per worker"
+                        if self._resume_position else " (its end: a phase boundary)")
+
+    def checkpoint_state(self, log: EpochLog) -> dict:
+        """state.json of the checkpoint written after `log`'s epoch."""
+        plan = self.plans[log.phase]
+        return dict(self.checkpoint_extra, epoch=self.epoch(),
+                    samples_seen=int(self.samples_seen.numpy()), steps=int(self.steps.numpy()),
+                    phase=plan.index, phase_boundary=bool(self.epoch() >= plan.end_epoch - 1e-9),
+                    world_size=self.world.size, total_batch=plan.total_batch,
+                    per_worker_batch=plan.per_worker_batch, accumulation=plan.accumulation,
+                    input_batches_in_phase=self.batches_in_phase,
+                    bn_stat_batches=self.bn_stat_batches)
 
     def _log_phase(self, plan: PhasePlan):
         if self.world.chief:
             logger.info(
                 "phase %d: epochs %.2f-%.2f, total batch %d = %d workers x %d per worker "
-                "(%d micro-batch%s of %d), %d steps/epoch", plan.index + 1, plan.start_epoch,
+                "(%d micro-batch%s of %d), %d steps/epoch; from epoch %.3f: lr %.4g, momentum "
+                "%.4f", plan.index + 1, plan.start_epoch,
                 plan.end_epoch, plan.total_batch, self.world.size, plan.per_worker_batch,
                 plan.accumulation, "es" if plan.accumulation > 1 else "", plan.micro_batch,
-                plan.steps_per_epoch)
+                plan.steps_per_epoch, self.epoch(), self.schedule.lr(self.epoch()),
+                self.schedule.momentum(self.epoch(), plan.total_batch))
 
     def _end_epoch(self, log: EpochLog):
         self.history.append(log)
@@ -224,13 +299,18 @@ class Trainer:
             "batch %d total, %d/worker | %.0f images/s | %.0f s%s", log.epoch, log.loss,
             log.train_top1, top1, log.lr, log.momentum, log.total_batch,
             log.per_worker_batch, log.images_per_sec, log.elapsed,
-            f" | {log.skipped_steps} step(s) skipped (inf/NaN)" if log.skipped_steps else "")
+            f" | {log.skipped_steps} step(s) skipped (inf/NaN): steps {log.skipped_at}"
+            if log.skipped_steps else "")
         if self.writer is not None:
             with self.writer.as_default(step=int(self.samples_seen.numpy())):
                 for name, value in dataclasses.asdict(log).items():
-                    if value is not None:
+                    if isinstance(value, (int, float)):  # skipped_at: one point per skip
                         tf.summary.scalar(name, value)
             self.writer.flush()
-        self.checkpoint.save(os.path.join(self.model_dir, "checkpoints", "ckpt"))
+        self._progress("checkpoint", shared=False)  # rank 0 only
+        if self.checkpoint_writer is not None:
+            self.checkpoint_writer.save(self.checkpoint_state(log))
+        else:
+            self.checkpoint.save(os.path.join(self.model_dir, "checkpoints", "ckpt"))
         with open(os.path.join(self.model_dir, "history.jsonl"), "a") as f:
             f.write(json.dumps(dataclasses.asdict(log)) + "\n")

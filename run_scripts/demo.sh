@@ -10,6 +10,8 @@ bash "$repo/run_scripts/setup.sh"
 venv="${TFTORUS_VENV:-$repo/.venv}"
 export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
 cd "$repo"
+# A fresh run directory each time (a later --model_dir in "$@" wins: pass an existing one to
+# continue an interrupted run from its last checkpoint).
 exec "$venv/bin/horovodrun" --gloo -np 4 -H localhost:4 \
   "$venv/bin/python" run_scripts/train.py --exp=2 --grid=2x2 \
-  --flagfile=run_scripts/embedded.flags "$@"
+  --flagfile=run_scripts/embedded.flags --model_dir="runs/embedded-$(date +%Y%m%d-%H%M%S)" "$@"

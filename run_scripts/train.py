@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import sys
+import tempfile
 from typing import NamedTuple
 
 from absl import app
@@ -22,17 +23,25 @@ from absl import flags as absl_flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+if __name__ == "__main__":  # before TensorFlow's threads start, so they inherit the mask
+    import signal  # noqa: E402
+    # The launcher's SIGTERM reaches tftorus.watchdog.handle_termination's thread (a Python
+    # handler never runs while the main thread is blocked in a TF op).
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+
 import tensorflow as tf  # noqa: E402
 
 import tftorus  # noqa: E402
 from flags.config import EMBEDDED_DATA_DIR, define_flags, resolve  # noqa: E402
 from flags.experiments import get_experiment  # noqa: E402
 from official_resnet import batch_plan, bn_statistics, embedded_data, input_pipeline  # noqa: E402
+from official_resnet import checkpointing  # noqa: E402
 from official_resnet.lars import LARS  # noqa: E402
 from official_resnet.model import resnet  # noqa: E402
 from official_resnet.schedules import Schedule  # noqa: E402
 from official_resnet.train_step import TrainStep, make_eval_step  # noqa: E402
 from official_resnet.trainer import NonFiniteLossError, Trainer, World  # noqa: E402
+from tftorus import watchdog  # noqa: E402
 from tftorus.tf_collective_engine import CollectiveError, translate_errors  # noqa: E402
 
 define_flags()
@@ -54,6 +63,10 @@ class DataInfo(NamedTuple):
         if not train:
             raise input_pipeline.DataError(f"{data_dir} holds no training records (train-*): "
                                            f"point --data_dir at ImageNet TFRecords")
+        if not val:  # found now, not after the first epoch of training
+            raise input_pipeline.DataError(
+                f"{data_dir} holds no validation records (validation-*): every evaluation "
+                f"needs them; add ImageNet's validation TFRecords to the directory")
         return cls(train, val, num_classes or info["num_classes"] or 1000)
 EXCLUDE_FROM_LARS = ["_bn", "bias"]  # BN parameters and biases: no decay, no trust ratio
 
@@ -63,9 +76,23 @@ USER_ERRORS = (ValueError, FileNotFoundError, tftorus.GridError, NonFiniteLossEr
 logger = logging.getLogger("train")
 
 
+def check_writable(model_dir: str) -> None:
+    """Fail before any work when rank 0 cannot write its checkpoints and logs."""
+    try:
+        os.makedirs(model_dir, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=model_dir, prefix=".write-test-"):
+            pass
+    except OSError as error:
+        raise ValueError(f"--model_dir={model_dir} cannot be written ({error.strerror}): "
+                         f"choose a directory this user can create and write") from error
+
+
 def main(argv):
     del argv
     config = resolve(FLAGS)
+    # A run already in --model_dir must have this configuration (world size, engine, grid and
+    # timeouts may differ); checked on every rank before anything is written.
+    existing_run = checkpointing.check_config(config.model_dir, json.loads(config.to_json()))
 
     # ============================================================================================
     # Distributed set-up: one process per worker; the torus grid's groups at start-up (the tf
@@ -74,6 +101,11 @@ def main(argv):
     tftorus.init(grid=config.grid, engine=config.engine, **(
         {"collective_timeout": config.collective_timeout} if config.engine == "tf" else {}))
     rank, size = tftorus.world.rank(), tftorus.world.size()
+    if rank == 0:
+        check_writable(config.model_dir)
+    # Heartbeats beside the collectives: a dead or stalled worker stops every worker with an
+    # error naming it (a collective: every rank starts it here).
+    watchdog.start(config.heartbeat_timeout, config.stall_timeout)
     world = World(rank=rank, size=size,
                   allreduce_sum=tftorus.world.allreduce_sum if size > 1 else None)
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
@@ -98,18 +130,33 @@ def main(argv):
     augment = input_pipeline.AugmentConfig.from_names(
         config.augment, area_range=(config.min_crop_area, 1.0))
 
-    def train_data(plan):
+    # Resume: the newest valid checkpoint (--resume=auto), a given one, or none (never).
+    if config.resume == "never" and checkpointing.list_checkpoints(config.model_dir):
+        raise checkpointing.CheckpointError(
+            f"--resume=never but {config.model_dir} holds checkpoints of a run; use another "
+            f"--model_dir, or --resume=auto to continue it")
+    resume_from = checkpointing.find_resume(config.resume, config.model_dir)
+    if resume_from:
+        checkpointing.check_world(resume_from[1], resume_from[0], plans, size, config.model_dir)
+
+    for split in ("train", "validation"):  # bad records fail now, before anything is written
+        input_pipeline.validate_split(config.data_dir, split, num_workers=size,
+                                      worker_index=rank, num_classes=info.num_classes,
+                                      label_offset=config.label_offset)
+
+    def train_data(plan, skip_batches=0):  # deterministic: a resumed run re-derives its position
         return input_pipeline.make_dataset(
             config.data_dir, "train", plan.per_worker_batch, image_size=config.image_size,
             num_workers=size, worker_index=rank, training=True,
             seed=config.seed + 1000 * plan.index, label_offset=config.label_offset,
-            num_classes=info.num_classes, augment=augment)
+            num_classes=info.num_classes, augment=augment, deterministic=True,
+            skip_batches=skip_batches, validate_records=0)  # validated once, above
 
     def eval_data():
         return input_pipeline.make_dataset(
             config.data_dir, "validation", 64, image_size=config.image_size, num_workers=size,
             worker_index=rank, training=False, label_offset=config.label_offset,
-            num_classes=info.num_classes)
+            num_classes=info.num_classes, validate_records=0)  # validated once, above
 
     # ============================================================================================
     # Model and optimizer: ResNet in mixed precision, LARS in FP32 under dynamic loss scaling.
@@ -144,8 +191,9 @@ def main(argv):
         logger.info("%s on %d worker(s), torus grid %s, data: %d train / %d validation images, "
                     "%d classes", experiment.name, size, tftorus.context.default_grid(),
                     info.train_examples, info.validation_examples, info.num_classes)
-        with open(os.path.join(config.model_dir, "config.json"), "w") as f:
-            f.write(config.to_json())
+        if not existing_run:  # a resumed run keeps the config.json it started with
+            checkpointing.write_json_atomic(os.path.join(config.model_dir, "config.json"),
+                                            config.to_json())
         writer = tf.summary.create_file_writer(os.path.join(config.model_dir, "tensorboard"))
     trainer = Trainer(model=model, optimizer=optimizer, lars=lars, train_step=step,
                       eval_step=make_eval_step(model), plans=plans, schedule=schedule,
@@ -155,13 +203,41 @@ def main(argv):
                       eval_every=config.eval_every, bn_stat_batches=config.bn_stat_batches,
                       max_steps=config.max_steps, summary_writer=writer,
                       on_nonfinite=config.on_nonfinite,
-                      max_nonfinite_skips=config.max_nonfinite_skips)
+                      max_nonfinite_skips=config.max_nonfinite_skips,
+                      checkpoint_writer=checkpointing.CheckpointWriter(
+                          None, config.model_dir, keep=config.keep_checkpoints)
+                      if rank == 0 else None,  # writes the trainer's tf.train.Checkpoint
+                      checkpoint_extra={"seed": config.seed, "exp": config.exp,
+                                        "epochs": config.epochs},
+                      stop_at_epoch=config.stop_at_epoch)
+    if resume_from:
+        path, state = resume_from
+        checkpointing.restore(trainer.checkpoint, path, optimizers=[lars],
+                              variables=model.trainable_variables)
+        if rank == 0:
+            logger.info("restored %s", path)
+            for moved in checkpointing.set_aside_newer(config.model_dir, path):
+                logger.warning("moved newer checkpoint to %s (this run trains its epochs again)",
+                               moved)
+            dropped = checkpointing.trim_history(config.model_dir, state["epoch"])
+            if dropped:
+                logger.warning("history.jsonl: dropped %d line(s) past epoch %.3f (they are "
+                               "trained again)", dropped, state["epoch"])
+        trainer.resume(state)
     history = trainer.run()
 
     # ============================================================================================
     # Summary: the paper's Table 5 (accuracy, time) and Table 6 (throughput) for this run.
     # ============================================================================================
-    if rank == 0:
+    if rank == 0 and (trainer.stopped_early or not history):
+        if history:
+            logger.info("stopped at epoch %.3f; run again with the same flags to continue",
+                        trainer.epoch())
+        else:
+            logger.info("nothing to do: the run in %s is complete (its checkpoint is at epoch "
+                        "%.3f, the end; its summary.json was written then); to train again, "
+                        "pass another --model_dir", config.model_dir, trainer.epoch())
+    elif rank == 0:
         final = history[-1]
         rates = [h.images_per_sec for h in history[1:]] or [history[0].images_per_sec]
         summary = {
@@ -180,18 +256,24 @@ def main(argv):
                     summary["images_per_sec"] / size)
         with open(os.path.join(config.model_dir, "summary.json"), "w") as f:
             json.dump(summary, f, indent=2)
+    watchdog.stop()  # this rank finished: its silence from now on is no loss
     tftorus.shutdown()  # every worker is past its last collective before any exits
 
 
 def run(argv):
+    watchdog.handle_termination()  # the launcher's SIGTERM: one line saying what this rank did
     try:
-        with translate_errors():  # the tf engine's failed collectives, in words
+        # the tf engine's failed collectives, and records failing a check mid-run, in words
+        with translate_errors(), input_pipeline.data_errors_in_words():
             main(argv)
     except USER_ERRORS as error:
         print(f"error: {error}", file=sys.stderr, flush=True)
         sys.exit(2)
     except CollectiveError as error:  # a peer died or stalled: nothing to wait for
-        print(f"error: {error}", file=sys.stderr, flush=True)
+        # who was lost, if the heartbeats know (or learn within their timeout)
+        verdict = watchdog.verdict_after_failure()
+        print(f"error: {error}" + (f" Watchdog: {verdict}." if verdict else ""), file=sys.stderr,
+              flush=True)
         os._exit(3)
 
 

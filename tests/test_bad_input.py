@@ -14,6 +14,17 @@ CASES = {
     "complex": "dtype complex64, which the all-reduce cannot sum",
     "hvd_init_only": "Call tftorus.init() in place of hvd.init()",
 }
+# Caught where the optimizer is built or the tensors are handed in, before any collective: one
+# plain process shows them.
+ONE_PROCESS_CASES = {
+    "none_tensor": "tensor #1 is None: hand the all-reduce tensors only",
+    "grid_syntax": "grid '2by2' is not of the form 'YxX'",
+    "fusion_threshold": "fusion_threshold_bytes must be a whole number >= 0, got -1",
+    "engine": "unknown engine 'nccl'; choose 'horovod'",
+    "compression_name": "compression must be tftorus.Compression.none, .fp16 or .bf16",
+    "optimizer_name": "DistributedOptimizer wraps an optimizer instance, e.g. "
+                      "tf.keras.optimizers.SGD(0.1); got 'sgd'",
+}
 TIMEOUT = 150  # seconds; a hang would hit this
 
 
@@ -25,6 +36,14 @@ class BadInputTest(tf.test.TestCase):
                 result = harness.run([harness.worker("bad_input.py"), mode], np=4, timeout=TIMEOUT)
                 self.assertFalse(result.timed_out, f"{mode} hung: " + harness.describe(result))
                 self.assertNotEqual(result.returncode, 0, harness.describe(result))
+                self.assertIn(message, result.output, harness.describe(result))
+                self.assertNotIn("NO ERROR RAISED", result.output)
+
+    def test_bad_arguments_fail_where_they_are_given(self):
+        for mode, message in ONE_PROCESS_CASES.items():
+            with self.subTest(mode=mode):
+                result = harness.run([harness.worker("bad_input.py"), mode], timeout=TIMEOUT)
+                self.assertEqual(result.returncode, 1, harness.describe(result))
                 self.assertIn(message, result.output, harness.describe(result))
                 self.assertNotIn("NO ERROR RAISED", result.output)
 

@@ -91,6 +91,11 @@ class PlanTest(tf.test.TestCase):
             batch_plan.plan_phases(exp, world_size=4, dataset_size=100, batch_divisor=256)
         with self.assertRaisesRegex(batch_plan.PlanError, "batch_divisor"):
             batch_plan.plan_phases(exp, world_size=4, dataset_size=10000, batch_divisor=7)
+        # 34816 / 2048 = 17 per worker: under a cap of 16 only 17 micro-batches of 1 are equal
+        with self.assertRaisesRegex(batch_plan.PlanError, r"only as 17 x 1, far below the cap; "
+                                                          r"set --max_micro_batch to one of"):
+            batch_plan.plan_phases(get_experiment("1"), world_size=1, dataset_size=10000,
+                                   batch_divisor=2048, max_micro_batch=16)
 
 
 class FlagsTest(tf.test.TestCase):

@@ -1,11 +1,20 @@
-"""Non-finite gradients or loss: the step is skipped (weights and optimizer slots unchanged, bit
-for bit), the step is reported, every worker skips the same step, and --on_nonfinite=stop ends
-the run with a message naming the step (tests/test_train_script.py runs that end to end)."""
+"""Non-finite gradients or loss: the step is skipped (weights, BN statistics and optimizer slots
+unchanged, bit for bit), the trainer reports it with its step (log, history.jsonl, TensorBoard),
+every worker skips the same step, and --on_nonfinite=stop (or too many skips in a row) ends the
+run with a message naming the step. tests/test_bad_input_surface.py runs the stop through
+run_scripts/train.py (exit status 2)."""
+import json
+import os
+import tempfile
+
 import numpy as np
 import tensorflow as tf
 
+from official_resnet.batch_plan import PhasePlan
 from official_resnet.lars import LARS
-from official_resnet.train_step import TrainStep, all_finite
+from official_resnet.schedules import Schedule
+from official_resnet.train_step import TrainStep, all_finite, make_eval_step
+from official_resnet.trainer import NonFiniteLossError, Trainer, World
 from tests import harness
 
 
@@ -15,8 +24,11 @@ def identity_reduce(grads, variables):
 
 
 def small_model():
+    """With BN: its moving statistics are state a skipped step must not move either."""
     tf.keras.utils.set_random_seed(3)
-    return tf.keras.Sequential([tf.keras.layers.Dense(8, activation="tanh", input_shape=(6,)),
+    return tf.keras.Sequential([tf.keras.layers.Dense(8, input_shape=(6,)),
+                                tf.keras.layers.BatchNormalization(),
+                                tf.keras.layers.Activation("tanh"),
                                 tf.keras.layers.Dense(4)])
 
 
@@ -54,6 +66,9 @@ class SkipStepTest(tf.test.TestCase):
         _, _, applied = step(*batch(2))
         self.assertTrue(bool(applied))  # the next finite step goes on normally
         self.assertNotAllEqual(state[0], model.variables[0].numpy())
+        moving_mean = model.layers[1].moving_mean
+        self.assertNotAllEqual(state[[v.ref() for v in model.variables].index(moving_mean.ref())],
+                               moving_mean.numpy())  # a taken step does move BN statistics
 
     def test_mixed_precision_overflow_lowers_the_loss_scale(self):
         tf.keras.mixed_precision.set_global_policy("mixed_float16")
@@ -68,6 +83,80 @@ class SkipStepTest(tf.test.TestCase):
         self.assertEqual(float(optimizer.loss_scale), scale / 2)
         for before, v in zip(weights, model.trainable_variables):
             self.assertAllEqual(before, v.numpy())
+
+
+STEPS_PER_EPOCH = 4
+
+
+def run_trainer(model_dir, nan_at_steps, **policy):
+    """One epoch of 4 steps of the real Trainer on one worker; the batches of `nan_at_steps`
+    (1-based) hold a NaN. Returns the trainer (its history) or raises what it raises."""
+    model = small_model()
+    lars = LARS(learning_rate=0.0, momentum=0.9)
+    batches = [batch(i, nan=i + 1 in nan_at_steps) for i in range(STEPS_PER_EPOCH + 1)]
+    images = tf.stack([b[0] for b in batches])
+    labels = tf.stack([b[1] for b in batches])
+    plan = PhasePlan(index=0, start_epoch=0.0, end_epoch=1.0, total_batch=8, per_worker_batch=8,
+                     accumulation=1, micro_batch=8, steps_per_epoch=STEPS_PER_EPOCH)
+    trainer = Trainer(
+        model=model, optimizer=lars, lars=lars,
+        train_step=TrainStep(model, lars, identity_reduce, 4, 0.0),
+        eval_step=make_eval_step(model), plans=[plan],
+        schedule=Schedule("B", total_epochs=1.0, lr_scale=0.01, reference_batch=8),
+        make_train_data=lambda plan: tf.data.Dataset.from_tensor_slices((images, labels)),
+        make_eval_data=lambda: tf.data.Dataset.from_tensor_slices(batch(9)).batch(8),
+        recompute_bn=lambda model, batches, allreduce_sum: None,
+        dataset_size=8 * STEPS_PER_EPOCH, world=World(), model_dir=model_dir, bn_stat_batches=1,
+        summary_writer=tf.summary.create_file_writer(os.path.join(model_dir, "tensorboard")),
+        **policy)
+    trainer.run()
+    return trainer
+
+
+def scalars(log_dir, tag):
+    """(TensorBoard step, value) of every point of `tag` in the event files under log_dir."""
+    points = []
+    for name in sorted(os.listdir(log_dir)):
+        for event in tf.compat.v1.train.summary_iterator(os.path.join(log_dir, name)):
+            for value in event.summary.value:
+                if value.tag == tag:
+                    points.append((event.step, float(tf.make_ndarray(value.tensor))))
+    return points
+
+
+class TrainerReportTest(tf.test.TestCase):
+    """The policy and the report, on the real Trainer with a NaN batch at a known step."""
+
+    def test_skip_is_reported_with_its_step(self):
+        model_dir = tempfile.mkdtemp(prefix="tftorus-nonfinite-")
+        with self.assertLogs("official_resnet.trainer", "WARNING") as logs:
+            trainer = run_trainer(model_dir, nan_at_steps={3})
+        self.assertIn("step 3 (epoch 0.75): non-finite gradients or loss (nan) over all "
+                      "workers; the step was skipped (1 in a row)", "\n".join(logs.output))
+        [epoch] = trainer.history
+        self.assertEqual((epoch.skipped_steps, epoch.skipped_at), (1, [3]))
+        self.assertTrue(np.isfinite(epoch.loss))  # the mean of the 3 applied steps
+        with open(os.path.join(model_dir, "history.jsonl")) as f:
+            saved = json.loads(f.readline())
+        self.assertEqual((saved["skipped_steps"], saved["skipped_at"]), (1, [3]))
+        board = os.path.join(model_dir, "tensorboard")
+        self.assertEqual(scalars(board, "skipped_step"), [(24, 3.0)])  # at 24 samples seen
+        self.assertEqual(scalars(board, "skipped_steps"), [(32, 1.0)])  # per epoch
+
+    def test_stop_policy_stops_at_the_first_one(self):
+        with self.assertRaisesRegex(NonFiniteLossError,
+                                    r"at step 2 \(epoch 0\.50\), stopping after "
+                                    r"--on_nonfinite=stop: training diverged; lower the learning "
+                                    r"rate \(--lr_scale\)"):
+            run_trainer(tempfile.mkdtemp(), nan_at_steps={2}, on_nonfinite="stop")
+
+    def test_skips_in_a_row_stop_the_run(self):
+        # Skips that are not in a row do not add up; a run of them stops the run.
+        trainer = run_trainer(tempfile.mkdtemp(), nan_at_steps={1, 3}, max_nonfinite_skips=2)
+        self.assertEqual(trainer.history[0].skipped_at, [1, 3])
+        with self.assertRaisesRegex(NonFiniteLossError, r"at step 3 .*2 steps in a row "
+                                                        r"\(--max_nonfinite_skips\)"):
+            run_trainer(tempfile.mkdtemp(), nan_at_steps={2, 3}, max_nonfinite_skips=2)
 
 
 class SkipOnEveryWorkerTest(tf.test.TestCase):

@@ -86,14 +86,19 @@ def divisors(n: int):
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def grid_shape(spec: str) -> Tuple[int, int]:
+    """'YxX' -> (Y, X), before the world size is known (flag checks); GridError if malformed."""
+    match = re.fullmatch(r"\s*(\d+)\s*[xX*]\s*(\d+)\s*", spec)
+    if not match or int(match.group(1)) < 1 or int(match.group(2)) < 1:
+        raise GridError(
+            f"grid {spec!r} is not of the form 'YxX' (rows x row length, both >= 1, e.g. '2x4'), "
+            f"'paper', or 'auto'")
+    return int(match.group(1)), int(match.group(2))
+
+
 def parse_grid(spec: str, size: int) -> TorusGrid:
     """'YxX' (vertical x horizontal, as in the paper's Table 4) -> TorusGrid for `size` ranks."""
-    match = re.fullmatch(r"\s*(\d+)\s*[xX*]\s*(\d+)\s*", spec)
-    if not match:
-        raise GridError(
-            f"grid {spec!r} is not of the form 'YxX' (rows x row length, e.g. '2x4'), "
-            f"'paper', or 'auto'")
-    y, x = int(match.group(1)), int(match.group(2))
+    y, x = grid_shape(spec)
     if y * x != size:
         raise GridError(
             f"grid {spec} has {y * x} ranks but the world has {size}; "

@@ -71,6 +71,9 @@ def DistributedOptimizer(optimizer, *args, algorithm="torus", grid=None,
       engine: 'horovod' (process sets) or 'tf' (TensorFlow's collective ops); None: the engine
         tftorus.init() started.
     """
+    if not callable(getattr(optimizer, "get_config", None)):  # e.g. 'sgd', which compile() takes
+        raise TypeError(f"DistributedOptimizer wraps an optimizer instance, e.g. "
+                        f"tf.keras.optimizers.SGD(0.1); got {optimizer!r}")
     with torus_gradient_reduction(_options(algorithm, grid, fusion_threshold_bytes,
                                            check_consistency, engine)):
         return hvd_keras.DistributedOptimizer(optimizer, *args,

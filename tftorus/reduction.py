@@ -63,6 +63,14 @@ def check_dtype(tensor, index: int) -> None:
             f"{[d.name for d in SUPPORTED_DTYPES]}")
 
 
+def check_compression(compression) -> None:
+    """A compressor is a class with compress/decompress (Horovod's interface), not a name."""
+    if not (callable(getattr(compression, "compress", None))
+            and callable(getattr(compression, "decompress", None))):
+        raise TypeError(f"compression must be tftorus.Compression.none, .fp16 or .bf16 (or a "
+                        f"Horovod compressor with compress/decompress), got {compression!r}")
+
+
 def _scale(tensor, factor: float):
     if factor == 1.0:
         return tensor
@@ -113,8 +121,13 @@ def fused_allreduce(tensors: Sequence[tf.Tensor], op="sum", *, algorithm: str = 
     """
     op = op_name(op)
     algorithms.check_algorithm(algorithm)
+    check_compression(compression)
     comm = comm or context.communicator(engine)
     torus_grid = torus_grid or context.grid_for(algorithm, grid, engine)
+    for i, t in enumerate(tensors):
+        if t is None:
+            raise ValueError(f"tensor #{i} is None: hand the all-reduce tensors only (a variable "
+                             f"without a gradient gives None; leave it out)")
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     for i, t in enumerate(tensors):
         check_dtype(t, i)
@@ -178,6 +191,7 @@ def make_allreduce_grads_fn(name: str, compression, sparse_as_dense: bool, op,
                             options: TorusOptions):
     """A `allreduce_grads(grads, vars=None, use_generic_names=False)` with Horovod's contract."""
     op = op_name(op)
+    check_compression(compression)
     if gradient_predivide_factor <= 0:
         raise ValueError(f"gradient_predivide_factor must be > 0, got {gradient_predivide_factor}")
     if not context.is_whole_world(process_set) and options.algorithm != "ring":

@@ -34,6 +34,18 @@ def main(mode):
         tftorus.fused_allreduce([tf.constant(["a", "b"])], "sum")
     elif mode == "complex":
         tftorus.fused_allreduce([tf.constant([1 + 2j], tf.complex64)], "sum")
+    elif mode == "none_tensor":  # a variable without a gradient, handed on as is
+        tftorus.fused_allreduce([tf.ones([2]), None], "sum")
+    elif mode == "grid_syntax":
+        tftorus.keras.DistributedOptimizer(tf.keras.optimizers.SGD(), grid="2by2")
+    elif mode == "fusion_threshold":
+        tftorus.keras.DistributedOptimizer(tf.keras.optimizers.SGD(), fusion_threshold_bytes=-1)
+    elif mode == "engine":
+        tftorus.keras.DistributedOptimizer(tf.keras.optimizers.SGD(), engine="nccl")
+    elif mode == "compression_name":  # a name where Horovod takes a compressor class
+        tftorus.keras.DistributedOptimizer(tf.keras.optimizers.SGD(), compression="fp16")
+    elif mode == "optimizer_name":  # model.compile() takes 'sgd'; the wrapper needs an instance
+        tftorus.keras.DistributedOptimizer("sgd")
     else:
         raise SystemExit(f"unknown mode {mode}")
     print("NO ERROR RAISED", flush=True)

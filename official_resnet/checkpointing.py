@@ -1,0 +1,341 @@
+"""Atomic, verified checkpoints and resuming (issue 6).
+
+Layout under `model_dir/checkpoints/`:
+
+    epoch-0001.000/          one checkpoint: written as .tmp-epoch-0001.000-<pid>, renamed when whole
+        ckpt.index, ckpt.data-*      tf.train.Checkpoint(model, optimizer, samples_seen, steps)
+        state.json           epoch, samples_seen, steps, phase, world size, batches, seed, input position
+        manifest.json        size and sha256 of every other file; written last
+    latest                   name of the newest checkpoint (replaced atomically)
+
+Rank 0 writes; every file is fsynced before the manifest, the manifest before the rename, the
+rename before `latest` moves. A directory without a manifest that matches its files (an
+interrupted write, a truncated or altered file) is never loaded: loading falls back to the
+previous valid checkpoint with a warning. The last `keep` checkpoints are kept, plus every one
+that ends a phase of the batch plan (where the world size may change).
+"""
+import hashlib
+import json
+import logging
+import os
+import shutil
+from typing import Dict, Iterable, List, Optional, Tuple
+
+import tensorflow as tf
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINTS = "checkpoints"
+LATEST = "latest"
+MANIFEST = "manifest.json"
+STATE = "state.json"
+PREFIX = "ckpt"
+TMP_PREFIX = ".tmp-"
+FORMAT_VERSION = 1
+
+# Config keys that may differ between a run and its resumption: where and how it communicates
+# and how long it may take, not what it computes.
+MAY_DIFFER = frozenset({
+    "engine", "grid", "algorithm", "fusion_threshold_mb", "collective_timeout", "model_dir",
+    "data_dir", "max_steps", "stop_at_epoch", "resume", "on_nonfinite", "max_nonfinite_skips",
+    "keep_checkpoints",
+})
+
+
+class CheckpointError(ValueError):
+    """A checkpoint or model directory that cannot be used as asked (message names the fix)."""
+
+
+# ------------------------------------------------------------------------------------------------
+# Files
+# ------------------------------------------------------------------------------------------------
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _fsync_file(path: str):
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: str):
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_json_atomic(path: str, obj, indent=2):
+    """Write temp + fsync + os.replace: readers see the old file or the new one, never half."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(obj if isinstance(obj, str) else json.dumps(obj, indent=indent, sort_keys=True))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(os.path.dirname(os.path.abspath(path)))
+
+
+def checkpoints_dir(model_dir: str) -> str:
+    return os.path.join(model_dir, CHECKPOINTS)
+
+
+def checkpoint_name(epoch: float) -> str:
+    return f"epoch-{epoch:08.3f}"
+
+
+def verify(path: str) -> Dict:
+    """The state of a complete checkpoint directory; raises CheckpointError when it is not one."""
+    manifest_path = os.path.join(path, MANIFEST)
+    if os.path.basename(os.path.normpath(path)).startswith(TMP_PREFIX):
+        raise CheckpointError(f"{path} is an unfinished write (temporary directory)")
+    if not os.path.isfile(manifest_path):
+        raise CheckpointError(f"{path} has no {MANIFEST} (an interrupted write)")
+    try:
+        with open(manifest_path) as f:
+            manifest = json.load(f)
+        files = manifest["files"]
+    except (ValueError, KeyError, TypeError) as error:
+        raise CheckpointError(f"{manifest_path} is not a valid manifest: {error}") from None
+    if STATE not in files or not any(n.startswith(PREFIX + ".index") for n in files):
+        raise CheckpointError(f"{manifest_path} does not list {STATE} and the checkpoint index")
+    for name, entry in files.items():
+        file_path = os.path.join(path, name)
+        if not os.path.isfile(file_path):
+            raise CheckpointError(f"{path}: {name} is missing")
+        size = os.path.getsize(file_path)
+        if size != entry["size"]:
+            raise CheckpointError(f"{path}: {name} has {size} bytes, the manifest says "
+                                  f"{entry['size']} (truncated or altered)")
+        if _sha256(file_path) != entry["sha256"]:
+            raise CheckpointError(f"{path}: {name} does not match its sha256 in the manifest")
+    with open(os.path.join(path, STATE)) as f:
+        return json.load(f)
+
+
+def list_checkpoints(model_dir: str) -> List[str]:
+    """Final (non-temporary) checkpoint directories, oldest first (by name: zero-padded epoch)."""
+    root = checkpoints_dir(model_dir)
+    if not os.path.isdir(root):
+        return []
+    return [os.path.join(root, n) for n in sorted(os.listdir(root))
+            if not n.startswith(TMP_PREFIX) and os.path.isdir(os.path.join(root, n))]
+
+
+def latest_valid(model_dir: str, warn: bool = True) -> Optional[Tuple[str, Dict]]:
+    """(path, state) of the newest checkpoint that verifies, or None. Invalid newer ones are
+    skipped with a warning. The `latest` pointer is for people and tools; the verified
+    directories decide (a pointer could name one whose files were damaged since)."""
+    for path in reversed(list_checkpoints(model_dir)):
+        try:
+            return path, verify(path)
+        except CheckpointError as error:
+            if warn:
+                logger.warning("skipping checkpoint %s: %s; falling back to the previous one",
+                               path, error)
+    return None
+
+
+def find_resume(resume: str, model_dir: str) -> Optional[Tuple[str, Dict]]:
+    """--resume: 'never' -> None; 'auto' -> the newest valid checkpoint in model_dir (or None);
+    anything else: that checkpoint directory, which must verify."""
+    if resume == "never":
+        return None
+    if resume == "auto":
+        return latest_valid(model_dir)
+    path = resume
+    if not os.path.isdir(path) and os.path.isdir(os.path.join(checkpoints_dir(model_dir), path)):
+        path = os.path.join(checkpoints_dir(model_dir), path)
+    if not os.path.isdir(path):
+        raise CheckpointError(f"--resume={resume}: no such checkpoint directory")
+    return path, verify(path)
+
+
+# ------------------------------------------------------------------------------------------------
+# Writing
+# ------------------------------------------------------------------------------------------------
+class CheckpointWriter:
+    """Rank 0's writer: `save(state, phase_boundary)` after each epoch."""
+
+    def __init__(self, checkpoint: tf.train.Checkpoint, model_dir: str, keep: int = 3):
+        self.checkpoint, self.model_dir, self.keep = checkpoint, model_dir, max(1, keep)
+        self.root = checkpoints_dir(model_dir)
+
+    def save(self, state: Dict) -> str:
+        os.makedirs(self.root, exist_ok=True)
+        name = checkpoint_name(state["epoch"])
+        final = os.path.join(self.root, name)
+        tmp = os.path.join(self.root, f"{TMP_PREFIX}{name}-{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+        self.checkpoint.write(os.path.join(tmp, PREFIX))
+        state = dict(state, format=FORMAT_VERSION)
+        with open(os.path.join(tmp, STATE), "w") as f:
+            json.dump(state, f, indent=2, sort_keys=True)
+        files = {}
+        for n in sorted(os.listdir(tmp)):
+            p = os.path.join(tmp, n)
+            _fsync_file(p)
+            files[n] = {"size": os.path.getsize(p), "sha256": _sha256(p)}
+        with open(os.path.join(tmp, MANIFEST), "w") as f:
+            json.dump({"format": FORMAT_VERSION, "files": files}, f, indent=2, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_dir(tmp)
+        if os.path.exists(final):  # a re-run of the same epoch (resumed from an older one)
+            stale = os.path.join(self.root, f"{TMP_PREFIX}stale-{name}-{os.getpid()}")
+            os.rename(final, stale)
+            shutil.rmtree(stale, ignore_errors=True)
+        os.rename(tmp, final)
+        _fsync_dir(self.root)
+        write_json_atomic(os.path.join(self.root, LATEST), name + "\n")
+        self._prune()
+        return final
+
+    def _prune(self):
+        """Keep the newest `keep` valid checkpoints (and anything newer than them, even invalid,
+        for inspection), every phase-boundary one; drop older ones and stale temporary dirs."""
+        valid = 0
+        for path in reversed(list_checkpoints(self.model_dir)):
+            if valid < self.keep:
+                valid += _state_or_none(path) is not None
+                continue
+            try:
+                with open(os.path.join(path, STATE)) as f:
+                    if json.load(f).get("phase_boundary"):
+                        continue
+            except (OSError, ValueError):
+                pass  # invalid and old: remove
+            shutil.rmtree(path, ignore_errors=True)
+        for n in os.listdir(self.root):
+            if n.startswith(TMP_PREFIX) and not n.endswith(f"-{os.getpid()}"):
+                shutil.rmtree(os.path.join(self.root, n), ignore_errors=True)
+
+
+# ------------------------------------------------------------------------------------------------
+# Restoring
+# ------------------------------------------------------------------------------------------------
+def restore(checkpoint: tf.train.Checkpoint, path: str, optimizers: Iterable = (),
+            variables: Iterable = ()) -> None:
+    """Restore a verified checkpoint in place. Optimizers are built first (their slots exist, so
+    they are restored now and not lazily); every saved value must find its variable."""
+    variables = list(variables)
+    for optimizer in optimizers:
+        if hasattr(optimizer, "build"):
+            optimizer.build(variables)
+    status = checkpoint.read(os.path.join(path, PREFIX))
+    status.assert_existing_objects_matched()
+
+
+def trim_history(model_dir: str, epoch: float) -> int:
+    """Drop history.jsonl lines past `epoch` (epochs that a resumed run will train again after
+    falling back to an older checkpoint); rewritten atomically, untouched when nothing is past
+    it. Returns the number of lines dropped."""
+    path = os.path.join(model_dir, "history.jsonl")
+    if not os.path.isfile(path):
+        return 0
+    with open(path) as f:
+        lines = f.readlines()
+    keep = []
+    for line in lines:
+        try:
+            if json.loads(line)["epoch"] > epoch + 1e-9:
+                continue
+        except (ValueError, KeyError, TypeError):
+            continue  # a torn last line
+        keep.append(line if line.endswith("\n") else line + "\n")
+    if len(keep) == len(lines) and all(l.endswith("\n") for l in lines):
+        return 0
+    write_json_atomic(path, "".join(keep))
+    return len(lines) - len(keep)
+
+
+def set_aside_newer(model_dir: str, resumed: str) -> List[str]:
+    """After resuming from an older checkpoint, move the newer ones (a branch of the run that
+    is now trained again) to model_dir/superseded/, so that --resume=auto after a crash never
+    picks them; moved, not deleted. Returns their new paths."""
+    moved = []
+    resumed = os.path.realpath(resumed)
+    names = [os.path.realpath(p) for p in list_checkpoints(model_dir)]
+    if resumed not in names:
+        return moved
+    for path in names[names.index(resumed) + 1:]:
+        target = os.path.join(model_dir, "superseded", os.path.basename(path))
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        if os.path.exists(target):
+            target += f"-{os.getpid()}"
+        os.rename(path, target)
+        moved.append(target)
+    return moved
+
+
+# ------------------------------------------------------------------------------------------------
+# Start-up checks (every rank runs them before anything is written)
+# ------------------------------------------------------------------------------------------------
+def check_config(model_dir: str, config: Dict) -> bool:
+    """Compare with the config.json of a run already in model_dir. Returns True when one exists
+    (and matches); raises CheckpointError naming the differing flags otherwise."""
+    path = os.path.join(model_dir, "config.json")
+    if not os.path.isfile(path):
+        if list_checkpoints(model_dir):
+            raise CheckpointError(f"{model_dir} holds checkpoints but no config.json; use another "
+                                  f"--model_dir")
+        return False
+    with open(path) as f:
+        try:
+            saved = json.load(f)
+        except ValueError as error:
+            raise CheckpointError(f"{path} is not valid JSON ({error}); use another --model_dir")
+    differing = sorted(k for k in set(saved) & set(config)
+                       if k not in MAY_DIFFER and "timeout" not in k and saved[k] != config[k])
+    if differing:
+        details = ", ".join(f"--{k}={saved[k]!r} there, {config[k]!r} now" for k in differing)
+        raise CheckpointError(
+            f"--model_dir={model_dir} holds a run with a different configuration ({details}); "
+            f"use another --model_dir, or the flags of that run to resume it")
+    return True
+
+
+def check_world(state: Dict, path: str, plans, world_size: int, model_dir: str) -> None:
+    """A new world size is fine only at a phase boundary (the batch plan re-derives per-worker
+    batch and accumulation from it); inside a phase the input position would not carry over."""
+    if state["world_size"] == world_size or state.get("phase_boundary"):
+        pass
+    else:
+        boundary = None
+        for p, s in reversed([c for c in ((c, _state_or_none(c)) for c in
+                                          list_checkpoints(model_dir)) if c[1]]):
+            if s.get("phase_boundary") and s["epoch"] <= state["epoch"] + 1e-9:
+                boundary = (p, s)
+                break
+        plan = plans[state["phase"]]
+        fix = (f"resume from the phase-boundary checkpoint at epoch {boundary[1]['epoch']:.3f} "
+               f"(--resume={boundary[0]}) with {world_size} workers, or "
+               if boundary else "")
+        raise CheckpointError(
+            f"checkpoint {path} (epoch {state['epoch']:.3f}) is inside phase {plan.index + 1} "
+            f"(epochs {plan.start_epoch:g}-{plan.end_epoch:g}) of a run on "
+            f"{state['world_size']} workers; the world size may change only at a phase "
+            f"boundary: {fix}use {state['world_size']} workers")
+    if state["phase"] < len(plans) and not state.get("phase_boundary"):
+        plan = plans[state["phase"]]
+        if plan.total_batch != state["total_batch"]:
+            raise CheckpointError(f"checkpoint {path}: phase {plan.index + 1} has total batch "
+                                  f"{plan.total_batch} now, {state['total_batch']} when saved")
+
+
+def _state_or_none(path):
+    try:
+        return verify(path)
+    except CheckpointError:
+        return None

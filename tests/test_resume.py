@@ -1,0 +1,329 @@
+"""Checkpoints and resume (issue 6): atomic, verified checkpoints; a stopped and resumed run
+equals an uninterrupted one; a new world size at a phase boundary; a foreign model_dir refused.
+
+The multi-process tests run run_scripts/train.py under horovodrun on a small generated set."""
+import json
+import os
+import shutil
+import tempfile
+
+import numpy as np
+import tensorflow as tf
+
+from flags.experiments import get_experiment
+from official_resnet import checkpointing, embedded_data
+from official_resnet.schedules import Schedule
+from tests import harness
+
+TRAIN = os.path.join(harness.ROOT, "run_scripts", "train.py")
+FLAGFILE = os.path.join(harness.ROOT, "run_scripts", "embedded.flags")
+SPEC = embedded_data.EmbeddedSpec(num_train=1024, num_validation=128, train_shards=4,
+                                  validation_shards=2)
+
+
+def final_checkpoint(model_dir):
+    found = checkpointing.latest_valid(model_dir)
+    assert found, f"no valid checkpoint in {model_dir}"
+    return found
+
+
+def checkpoint_values(path):
+    reader = tf.train.load_checkpoint(os.path.join(path, checkpointing.PREFIX))
+    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
+            if not name.startswith("_CHECKPOINTABLE_OBJECT_GRAPH")}
+
+
+def history(model_dir):
+    with open(os.path.join(model_dir, "history.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+class ResumeRunsTest(tf.test.TestCase):
+    """Real processes under horovodrun."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="tftorus-resume-")
+        cls.data = os.path.join(cls.tmp, "data")
+        embedded_data.generate(cls.data, SPEC, processes=1)
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def train(self, model_dir, *flags, np_=2, timeout=420):
+        args = [TRAIN, f"--flagfile={FLAGFILE}", f"--data_dir={self.data}",
+                f"--model_dir={model_dir}", "--bn_stat_batches=1", *flags]
+        result = harness.run(args, np=np_, timeout=timeout)
+        return result
+
+    def test_stop_and_resume_equals_uninterrupted(self):
+        straight, stopped = (os.path.join(self.tmp, n) for n in ("straight", "stopped"))
+        flags = ["--exp=2", "--epochs=2"]
+        result = self.train(straight, *flags)
+        self.assertEqual(result.returncode, 0, harness.describe(result))
+        result = self.train(stopped, *flags, "--stop_at_epoch=1")
+        self.assertEqual(result.returncode, 0, harness.describe(result))
+        self.assertIn("stopping after epoch", result.output)
+        _, state = final_checkpoint(stopped)
+        self.assertLess(state["epoch"], 1.1)
+        self.assertEqual(state["phase"], 1)  # inside phase 2: the input position matters
+        self.assertFalse(state["phase_boundary"])
+        self.assertGreater(state["input_batches_in_phase"], 0)
+        result = self.train(stopped, *flags)  # --resume=auto is the default
+        self.assertEqual(result.returncode, 0, harness.describe(result))
+        self.assertIn("resumed at epoch", result.output)
+        a_path, a_state = final_checkpoint(straight)
+        b_path, b_state = final_checkpoint(stopped)
+        for key in ("epoch", "samples_seen", "steps", "input_batches_in_phase"):
+            self.assertEqual(a_state[key], b_state[key], key)
+        a, b = checkpoint_values(a_path), checkpoint_values(b_path)
+        self.assertEqual(sorted(a), sorted(b))
+        differing = [n for n in a if not np.array_equal(a[n], b[n])]
+        self.assertEqual(differing, [], "resumed weights differ from the uninterrupted run")
+        self.assertEqual([h["epoch"] for h in history(straight)],
+                         [h["epoch"] for h in history(stopped)])
+        self.assertEqual([h["loss"] for h in history(straight)],
+                         [h["loss"] for h in history(stopped)])
+
+    def test_new_world_size_at_the_phase_boundary(self):
+        model_dir = os.path.join(self.tmp, "boundary")
+        result = self.train(model_dir, "--exp=3", "--stop_at_epoch=1", np_=4)
+        self.assertEqual(result.returncode, 0, harness.describe(result))
+        path, state = final_checkpoint(model_dir)
+        self.assertTrue(state["phase_boundary"], state)
+        self.assertEqual((state["world_size"], state["total_batch"]), (4, 216))
+        with open(os.path.join(model_dir, "config.json")) as f:
+            config_before = f.read()
+        result = self.train(model_dir, "--exp=3", np_=2)
+        self.assertEqual(result.returncode, 0, harness.describe(result))
+        lines = [l for l in result.output.splitlines() if "phase 2:" in l]
+        self.assertTrue(lines, harness.describe(result))
+        self.assertIn("total batch 256 = 2 workers x 128 per worker", lines[0])
+        self.assertIn("momentum 0.9500", lines[0])
+        rows = history(model_dir)
+        before = [h for h in rows if h["phase"] == 0]
+        after = [h for h in rows if h["phase"] == 1]
+        self.assertEqual({(h["total_batch"], h["per_worker_batch"]) for h in before}, {(216, 54)})
+        self.assertEqual({(h["total_batch"], h["per_worker_batch"]) for h in after}, {(256, 128)})
+        for h in after:
+            self.assertAlmostEqual(h["momentum"], 0.95, places=4)
+        # each logged LR is the schedule's at its epoch's last step (samples keyed)
+        schedule = Schedule(get_experiment("3").lr_config, total_epochs=3.0, lr_scale=1.0,
+                            reference_batch=32768 / 256)
+        for h in after:
+            samples = round(h["epoch"] * SPEC.num_train) - h["total_batch"]
+            self.assertAlmostEqual(h["lr"], schedule.lr(samples / SPEC.num_train), places=6)
+        self.assertGreater(after[0]["lr"], 0)
+        self.assertGreaterEqual(after[-1]["epoch"], 3.0)
+        with open(os.path.join(model_dir, "config.json")) as f:
+            self.assertEqual(f.read(), config_before)
+
+    def test_new_world_size_inside_a_phase_is_refused(self):
+        model_dir = os.path.join(self.tmp, "inside")
+        result = self.train(model_dir, "--exp=2", "--epochs=2", "--stop_at_epoch=1", np_=2)
+        self.assertEqual(result.returncode, 0, harness.describe(result))
+        listing = sorted(os.listdir(os.path.join(model_dir, "checkpoints")))
+        result = self.train(model_dir, "--exp=2", "--epochs=2", np_=4, timeout=300)
+        self.assertNotEqual(result.returncode, 0, harness.describe(result))  # horovodrun: 1
+        self.assertIn("error: checkpoint", result.output)
+        self.assertNotIn("Traceback (most recent call last):\n  File \"" + TRAIN, result.output)
+        self.assertIn("the world size may change only at a phase boundary", result.output)
+        self.assertIn("phase-boundary checkpoint at epoch", result.output)
+        self.assertIn("use 2 workers", result.output)
+        self.assertEqual(sorted(os.listdir(os.path.join(model_dir, "checkpoints"))), listing)
+
+
+class InputPositionTest(tf.test.TestCase):
+    """skip_batches resumes a deterministic training dataset exactly where it was."""
+
+    def test_skip_batches_continues_the_same_stream(self):
+        from official_resnet import input_pipeline
+        tmp = tempfile.mkdtemp(prefix="tftorus-skip-")
+        try:
+            spec = embedded_data.EmbeddedSpec(num_train=96, num_validation=16, train_shards=4,
+                                              validation_shards=1)
+            embedded_data.generate(tmp, spec, processes=1)
+
+            def batches(skip, n):
+                ds = input_pipeline.make_dataset(
+                    tmp, "train", 16, image_size=32, num_workers=2, worker_index=1,
+                    training=True, seed=3, num_classes=10, deterministic=True,
+                    skip_batches=skip)
+                return [b for b in ds.take(n).as_numpy_iterator()]
+
+            tf.keras.utils.set_random_seed(0)
+            full = batches(0, 7)  # past one pass over this worker's 48 records
+            tf.keras.utils.set_random_seed(0)
+            rest = batches(4, 3)
+            for (xa, ya), (xb, yb) in zip(full[4:], rest):
+                self.assertAllEqual(ya, yb)
+                self.assertAllEqual(xa, xb)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+class CheckpointFilesTest(tf.test.TestCase):
+    """One process, no training: the writer, the verifier and the start-up checks."""
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="tftorus-ckpt-")
+        self.v = tf.Variable([1.0, 2.0, 3.0])
+        self.ckpt = tf.train.Checkpoint(v=self.v)
+        self.writer = checkpointing.CheckpointWriter(self.ckpt, self.dir, keep=2)
+
+    def tearDown(self):
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def save(self, epoch, boundary=False):
+        self.v.assign([epoch] * 3)
+        return self.writer.save({"epoch": float(epoch), "phase": 0, "phase_boundary": boundary,
+                                 "world_size": 1, "total_batch": 8})
+
+    def load_value(self, path):
+        v = tf.Variable([0.0, 0.0, 0.0])
+        checkpointing.restore(tf.train.Checkpoint(v=v), path)
+        return v.numpy()[0]
+
+    def test_latest_and_restore(self):
+        self.save(1)
+        path = self.save(2)
+        found, state = checkpointing.latest_valid(self.dir)
+        self.assertEqual((found, state["epoch"]), (path, 2.0))
+        self.assertEqual(self.load_value(found), 2.0)
+        with open(os.path.join(self.dir, "checkpoints", "latest")) as f:
+            self.assertEqual(f.read().strip(), os.path.basename(path))
+
+    def test_temporary_directory_is_never_loaded(self):
+        good = self.save(1)
+        tmp = os.path.join(self.dir, "checkpoints", ".tmp-epoch-0002.000-123")
+        shutil.copytree(good, tmp)  # even a complete-looking one: it was never renamed
+        self.assertEqual(checkpointing.latest_valid(self.dir)[0], good)
+        with self.assertRaises(checkpointing.CheckpointError):
+            checkpointing.verify(tmp)
+
+    def test_truncated_file_falls_back_with_a_warning(self):
+        good = self.save(1)
+        bad = self.save(2)
+        data = [n for n in os.listdir(bad) if n.startswith("ckpt.data")][0]
+        with open(os.path.join(bad, data), "r+b") as f:
+            f.truncate(4)
+        with self.assertLogs(checkpointing.logger, "WARNING") as logs:
+            found, state = checkpointing.latest_valid(self.dir)
+        self.assertEqual((found, state["epoch"]), (good, 1.0))
+        self.assertIn("truncated", "\n".join(logs.output))
+        self.assertEqual(self.load_value(found), 1.0)
+
+    def test_missing_or_bad_manifest_is_never_loaded(self):
+        good = self.save(1)
+        no_manifest = self.save(2)
+        os.remove(os.path.join(no_manifest, "manifest.json"))
+        bad_manifest = self.save(3)
+        with open(os.path.join(bad_manifest, "manifest.json"), "w") as f:
+            f.write('{"files": ')
+        altered = self.save(4)
+        with open(os.path.join(altered, "state.json"), "r+b") as f:
+            f.seek(2)
+            f.write(b"X")  # same size, different bytes
+        with self.assertLogs(checkpointing.logger, "WARNING"):
+            self.assertEqual(checkpointing.latest_valid(self.dir)[0], good)
+        for path in (no_manifest, bad_manifest, altered):
+            with self.assertRaises(checkpointing.CheckpointError):
+                checkpointing.find_resume(path, self.dir)
+
+    def test_trim_history_after_a_fallback(self):
+        path = os.path.join(self.dir, "history.jsonl")
+        with open(path, "w") as f:
+            f.write('{"epoch": 1.0}\n{"epoch": 2.0}\n{"epoch": 3.0}\n{"epo')
+        self.assertEqual(checkpointing.trim_history(self.dir, 2.0), 2)
+        with open(path) as f:
+            self.assertEqual(f.read(), '{"epoch": 1.0}\n{"epoch": 2.0}\n')
+        self.assertEqual(checkpointing.trim_history(self.dir, 2.0), 0)
+
+    def test_keeps_the_last_few_and_phase_boundaries(self):
+        paths = [self.save(1), self.save(2, boundary=True), self.save(3), self.save(4),
+                 self.save(5)]
+        left = checkpointing.list_checkpoints(self.dir)
+        self.assertEqual(left, [paths[1], paths[3], paths[4]])
+
+    def test_optimizer_slots_and_loss_scale_round_trip(self):
+        from official_resnet.lars import LARS
+
+        def make():
+            model = tf.keras.Sequential([tf.keras.layers.Dense(3, input_shape=(4,))])
+            lars = LARS(learning_rate=0.1, momentum=0.9, weight_decay=1e-4)
+            opt = tf.keras.mixed_precision.LossScaleOptimizer(lars)
+            steps = tf.Variable(0, dtype=tf.int64)
+            return model, lars, opt, steps, tf.train.Checkpoint(model=model, optimizer=opt,
+                                                                steps=steps)
+
+        model, lars, opt, steps, ckpt = make()
+        for _ in range(3):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(model(tf.ones([2, 4])) ** 2)
+            grads = tape.gradient(loss, model.trainable_variables)
+            opt.apply_gradients(zip(grads, model.trainable_variables))
+        steps.assign(3)
+        opt.loss_scale.assign(1024.0) if hasattr(opt.loss_scale, "assign") else None
+        path = checkpointing.CheckpointWriter(ckpt, self.dir).save(
+            {"epoch": 1.0, "phase": 0, "world_size": 1, "total_batch": 2})
+        model2, lars2, opt2, steps2, ckpt2 = make()
+        checkpointing.restore(ckpt2, path, optimizers=[lars2],
+                              variables=model2.trainable_variables)
+        self.assertEqual(int(steps2.numpy()), 3)
+        self.assertEqual(int(lars2.iterations.numpy()), int(lars.iterations.numpy()))
+        self.assertEqual(float(opt2.loss_scale), float(opt.loss_scale))
+        for v, v2 in zip(model.trainable_variables, model2.trainable_variables):
+            self.assertAllEqual(v, v2)
+            self.assertAllEqual(lars.velocity(v), lars2.velocity(v2))
+            self.assertGreater(float(tf.reduce_sum(tf.abs(lars2.velocity(v2)))), 0.0)
+
+    def test_config_mismatch_names_the_flags_and_overwrites_nothing(self):
+        config = {"exp": "2", "epochs": 3.0, "seed": 0, "depth": 14, "grid": "auto",
+                  "engine": "horovod", "collective_timeout": 300.0, "model_dir": self.dir}
+        path = os.path.join(self.dir, "config.json")
+        checkpointing.write_json_atomic(path, config)
+        self.save(1)
+        with open(path, "rb") as f:
+            before = f.read()
+        listing = os.listdir(os.path.join(self.dir, "checkpoints"))
+        self.assertTrue(checkpointing.check_config(self.dir, dict(config)))
+        # communication settings and timeouts may differ
+        self.assertTrue(checkpointing.check_config(
+            self.dir, dict(config, grid="1x2", engine="tf", collective_timeout=5.0)))
+        with self.assertRaises(checkpointing.CheckpointError) as error:
+            checkpointing.check_config(self.dir, dict(config, epochs=2.0, seed=1, grid="1x2"))
+        message = str(error.exception)
+        self.assertIn("--epochs=3.0 there, 2.0 now", message)
+        self.assertIn("--seed", message)
+        self.assertNotIn("--grid", message)
+        with open(path, "rb") as f:
+            self.assertEqual(f.read(), before)
+        self.assertEqual(os.listdir(os.path.join(self.dir, "checkpoints")), listing)
+
+
+class ConfigMismatchScriptTest(tf.test.TestCase):
+    """train.py itself: a foreign model_dir fails at start and nothing there changes."""
+
+    def test_train_script_refuses_a_different_configuration(self):
+        model_dir = tempfile.mkdtemp(prefix="tftorus-mismatch-")
+        try:
+            config = {"exp": "2", "epochs": 5.0, "seed": 7, "depth": 14}
+            checkpointing.write_json_atomic(os.path.join(model_dir, "config.json"), config)
+            with open(os.path.join(model_dir, "config.json"), "rb") as f:
+                before = f.read()
+            result = harness.run([TRAIN, f"--flagfile={FLAGFILE}", f"--model_dir={model_dir}",
+                                  "--exp=2", "--data_dir=/nonexistent"], timeout=120)
+            self.assertEqual(result.returncode, 2, harness.describe(result))
+            self.assertIn("holds a run with a different configuration", result.output)
+            self.assertIn("--epochs=5.0 there, 3.0 now", result.output)
+            self.assertIn("--seed=7 there, 0 now", result.output)
+            with open(os.path.join(model_dir, "config.json"), "rb") as f:
+                self.assertEqual(f.read(), before)
+            self.assertEqual(os.listdir(model_dir), ["config.json"])
+        finally:
+            shutil.rmtree(model_dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    tf.test.main()

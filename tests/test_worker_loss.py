@@ -1,0 +1,318 @@
+"""Issue 6, failure detection: a worker that dies or stalls stops every other worker within a
+bounded time, with an error naming the lost rank and what it was doing (both engines).
+
+The verdict logic runs on a fake clock; the rest are real training jobs (run_scripts/train.py on
+a tiny generated data set) with one worker SIGKILLed or SIGSTOPped mid-training."""
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import tempfile
+import threading
+import time
+import unittest
+import uuid
+
+import psutil
+
+from official_resnet import embedded_data
+from tests import harness
+from tftorus import watchdog
+
+TRAIN = os.path.join(harness.ROOT, "run_scripts", "train.py")
+FLAGFILE = os.path.join(harness.ROOT, "run_scripts", "embedded.flags")
+SPEC = embedded_data.EmbeddedSpec(num_train=1024, num_validation=128, train_shards=4,
+                                  validation_shards=2)
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+def info(counter, what="train step", phase=1, epoch=0.42, step=17):
+    return {"c": counter, "w": what, "p": phase, "e": epoch, "s": step}
+
+
+class VerdictTest(unittest.TestCase):
+    def test_silent_rank_is_lost_after_the_heartbeat_timeout(self):
+        clock = FakeClock()
+        m = watchdog.Monitor(4, heartbeat_timeout=10, stall_timeout=100, clock=clock)
+        for t in range(12):
+            clock.now += 1
+            for r in (0, 1, 3) if t > 1 else range(4):
+                m.heard(r, info(t))
+            if t <= 11:
+                self.assertIsNone(m.verdict(), t)  # rank 2 last heard at t = 1 (+1 s)
+        clock.now += 0.5
+        v = m.verdict()
+        self.assertEqual((v.kind, v.ranks), ("lost", [2]))
+        self.assertRegex(v.text, r"^rank 2 lost: no heartbeat for 10\.5 s \(last seen: phase 1, "
+                                 r"epoch 0\.42, step 17, train step\)$")
+
+    def test_finished_rank_is_never_lost(self):
+        clock = FakeClock()
+        m = watchdog.Monitor(2, heartbeat_timeout=5, stall_timeout=100, clock=clock)
+        m.heard(1, info(3), finished=True)
+        clock.now += 60
+        m.heard(0, info(3))
+        self.assertIsNone(m.verdict())
+
+    def test_never_heard_rank_is_lost_with_start_up(self):
+        clock = FakeClock()
+        m = watchdog.Monitor(3, heartbeat_timeout=5, stall_timeout=100, clock=clock)
+        clock.now += 6
+        m.heard(0, info(1))
+        m.heard(1, info(1))
+        v = m.verdict()
+        self.assertEqual(v.ranks, [2])
+        self.assertIn("no heartbeat yet (start-up)", v.text)
+
+    def test_stalled_rank_behind_the_others(self):
+        clock = FakeClock()
+        m = watchdog.Monitor(3, heartbeat_timeout=5, stall_timeout=30, clock=clock)
+        for t in range(40):
+            clock.now += 1
+            m.heard(0, info(min(t, 6)))
+            m.heard(1, info(min(t, 5), what="evaluation"))  # stuck in its 5th unit of work
+            m.heard(2, info(min(t, 6)))
+            if t < 35:
+                self.assertIsNone(m.verdict(), t)
+        clock.now += 1
+        v = m.verdict()
+        self.assertEqual((v.kind, v.ranks), ("stalled", [1]))
+        self.assertRegex(v.text, r"rank 1 stalled: no progress for 3\d\.0 s .*evaluation\)")
+
+    def test_everyone_waiting_together_is_no_stall(self):
+        clock = FakeClock()
+        m = watchdog.Monitor(3, heartbeat_timeout=5, stall_timeout=30, clock=clock)
+        for _ in range(100):
+            clock.now += 1
+            for r in range(3):
+                m.heard(r, info(7))
+        self.assertIsNone(m.verdict())
+
+    def test_rank0_silence(self):
+        clock = FakeClock()
+        m = watchdog.Rank0Monitor(heartbeat_timeout=5, clock=clock)
+        clock.now += 4
+        m.replied(info(2, what="checkpoint"))
+        clock.now += 5
+        self.assertIsNone(m.verdict())
+        clock.now += 0.5
+        v = m.verdict()
+        self.assertEqual(v.ranks, [0])
+        self.assertIn("rank 0 lost: no reply for 5.5 s (last seen: phase 1, epoch 0.42, step 17, "
+                      "checkpoint)", v.text)
+        m.replied(None, finished=True)
+        clock.now += 100
+        self.assertIsNone(m.verdict())
+
+    def test_udp_round_trip_reports_a_silent_rank_to_all(self):
+        """Real sockets and threads: rank 2 never beats; ranks 0 and 1 both get the verdict."""
+        exits = {}
+        server = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        server.bind(("127.0.0.1", 0))
+        address = ("127.0.0.1", server.getsockname()[1])
+        dogs = [watchdog.Watchdog(r, 3, address, heartbeat_timeout=1.0, stall_timeout=100,
+                                  sock=server if r == 0 else None,
+                                  exit=lambda code, r=r: exits.setdefault(r, code))
+                for r in (0, 1)]
+        for d in dogs:
+            d.start()
+        deadline = time.monotonic() + 10
+        while len(exits) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.assertEqual(exits, {0: 4, 1: 4})
+        for d in dogs:
+            self.assertEqual(d._verdict.ranks, [2])
+            d._stop.set()
+
+    def test_normal_finish_is_no_loss(self):
+        exits = {}
+        server = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        server.bind(("127.0.0.1", 0))
+        address = ("127.0.0.1", server.getsockname()[1])
+        dogs = [watchdog.Watchdog(r, 2, address, heartbeat_timeout=0.5, stall_timeout=100,
+                                  sock=server if r == 0 else None,
+                                  exit=lambda code, r=r: exits.setdefault(r, code))
+                for r in (0, 1)]
+        for d in dogs:
+            d.start()
+        time.sleep(0.3)
+        dogs[1].stop()  # rank 1 finishes first; rank 0 keeps running past the timeout
+        time.sleep(1.5)
+        dogs[0].stop()
+        self.assertEqual(exits, {})
+
+
+# --------------------------------------------------------------------------------------------
+# Real jobs.
+# --------------------------------------------------------------------------------------------
+HEARTBEAT = 8.0
+
+
+def _rank_of(proc: psutil.Process):
+    env = proc.environ()
+    if "HOROVOD_RANK" in env:
+        return int(env["HOROVOD_RANK"])
+    if "TF_CONFIG" in env:
+        return int(json.loads(env["TF_CONFIG"])["task"]["index"])
+    return None
+
+
+def _workers(tag: str):
+    """{rank: psutil.Process} of this test's training processes (marked by an env var)."""
+    found = {}
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if TRAIN not in (proc.info["cmdline"] or []):
+                continue
+            env = proc.environ()
+            if env.get("TFTORUS_TEST_TAG") == tag:
+                rank = _rank_of(proc)
+                if rank is not None:
+                    found[rank] = proc
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return found
+
+
+def _alive(proc):
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+class WorkerLossTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="tftorus-loss-")
+        cls.data = os.path.join(cls.tmp, "data")
+        embedded_data.generate(cls.data, SPEC, processes=1)
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def launch(self, engine, victim, sig, np_=4, timeout=400):
+        """Train; once the first epoch is logged, send `sig` to rank `victim`. Returns the
+        result, the seconds from the signal to the job's end, and the victim's process."""
+        model_dir = tempfile.mkdtemp(dir=self.tmp)
+        tag = uuid.uuid4().hex
+        args = [TRAIN, f"--flagfile={FLAGFILE}", f"--data_dir={self.data}",
+                f"--model_dir={model_dir}", "--bn_stat_batches=1", "--exp=2", "--epochs=3",
+                f"--engine={engine}", f"--heartbeat_timeout={HEARTBEAT}", "--stall_timeout=600"]
+        if engine == "tf":
+            args += ["--grid=2x2", "--collective_timeout=300"]
+        box = {}
+
+        def attack():
+            deadline = time.monotonic() + timeout - 60
+            history = os.path.join(model_dir, "history.jsonl")
+            while not os.path.exists(history) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            time.sleep(1.0)  # into the second epoch's train steps
+            workers = _workers(tag)
+            if victim in workers:
+                box["victim"] = workers[victim]
+                box["survivors"] = [p for r, p in workers.items() if r != victim]
+                box["at"] = time.monotonic()
+                os.kill(workers[victim].pid, sig)
+                # when the last survivor is gone, the victim too (a SIGSTOPped one never ends)
+                while time.monotonic() < deadline and any(_alive(p) for p in box["survivors"]):
+                    time.sleep(0.1)
+                box["survivors_gone"] = time.monotonic() - box["at"]
+                try:
+                    box["victim"].kill()
+                except psutil.NoSuchProcess:
+                    pass
+
+        thread = threading.Thread(target=attack, daemon=True)
+        thread.start()
+        env = {"TFTORUS_TEST_TAG": tag}
+        if engine == "tf":
+            result = harness.run_tf_config(args, np=np_, timeout=timeout, env=env)
+        else:
+            result = harness.run(args, np=np_, timeout=timeout, env=env)
+        thread.join(5)
+        self.assertIn("victim", box, "never found the victim: " + harness.describe(result))
+        for proc in box["survivors"] + [box["victim"]]:
+            try:
+                proc.kill()  # nothing may be left running (the SIGSTOPped victim included)
+            except psutil.NoSuchProcess:
+                pass
+        for line in result.output.splitlines():  # shown with pytest -s
+            if re.search(r"tftorus watchdog|tftorus: rank|^error:|Process \d+ exit|exit -?\d+\)",
+                         line):
+                print("   ", line[:400])
+        return result, box.get("survivors_gone", float("inf")), box
+
+    def check_survivors_named_rank(self, result, victim, how_long, bound):
+        self.assertFalse(result.timed_out, harness.describe(result))
+        self.assertNotEqual(result.returncode, 0, harness.describe(result))
+        self.assertLess(how_long, bound, harness.describe(result))
+        self.assertRegex(result.output, rf"rank {victim} lost", harness.describe(result))
+
+    def test_normal_finish_is_no_loss(self):
+        # A short heartbeat timeout; ranks leave at different times (rank 0 writes the summary).
+        model_dir = tempfile.mkdtemp(dir=self.tmp)
+        result = harness.run(
+            [TRAIN, f"--flagfile={FLAGFILE}", f"--data_dir={self.data}",
+             f"--model_dir={model_dir}", "--bn_stat_batches=1", "--exp=2", "--epochs=1",
+             "--heartbeat_timeout=3", "--stall_timeout=600"], np=4, timeout=400)
+        self.assertEqual(result.returncode, 0, harness.describe(result))
+        self.assertNotIn("tftorus watchdog", result.output, harness.describe(result))
+
+    def test_killed_worker_horovod_engine(self):
+        result, seconds, box = self.launch("horovod", 2, signal.SIGKILL)
+        print(f"\nhorovod engine, SIGKILL rank 2: survivors gone {seconds:.1f} s later")
+        self.assertFalse(result.timed_out, harness.describe(result))
+        self.assertNotEqual(result.returncode, 0, harness.describe(result))
+        self.assertLess(seconds, HEARTBEAT + 30, harness.describe(result))
+        # the launcher names the dead rank; the survivors say what they were doing
+        self.assertTrue(re.search(r"Process 2 exit with status code", result.output)
+                        or "rank 2 lost" in result.output, harness.describe(result))
+        self.assertRegex(result.output, r"tftorus(: rank \d got SIGTERM| watchdog: rank 2 lost)",
+                         harness.describe(result))
+        self.assertFalse(any(_alive(p) for p in box["survivors"]), "a survivor is still running")
+
+    def test_killed_worker_tf_engine(self):
+        result, seconds, box = self.launch("tf", 2, signal.SIGKILL)
+        print(f"\ntf engine, SIGKILL rank 2: survivors gone {seconds:.1f} s later; codes "
+              f"{result.returncodes}")
+        self.check_survivors_named_rank(result, 2, seconds, HEARTBEAT + 30)
+        self.assertEqual(result.returncodes[2], -9, harness.describe(result))
+        self.assertTrue(all(c in (3, 4) for i, c in enumerate(result.returncodes) if i != 2),
+                        harness.describe(result))
+        self.assertGreaterEqual(len(re.findall(r"rank 2 lost", result.output)), 3,
+                                harness.describe(result))
+
+    def test_stopped_worker_horovod_engine(self):
+        result, seconds, box = self.launch("horovod", 1, signal.SIGSTOP)
+        print(f"\nhorovod engine, SIGSTOP rank 1: survivors gone {seconds:.1f} s later")
+        self.check_survivors_named_rank(result, 1, seconds, HEARTBEAT + 30)
+        self.assertRegex(result.output, r"tftorus watchdog: rank 1 lost: no heartbeat for [\d.]+ s "
+                                        r"\(last seen: phase \d, epoch [\d.]+, step \d+, ",
+                         harness.describe(result))
+
+    def test_stopped_worker_tf_engine(self):
+        result, seconds, box = self.launch("tf", 3, signal.SIGSTOP)
+        print(f"\ntf engine, SIGSTOP rank 3: survivors gone {seconds:.1f} s later; codes "
+              f"{result.returncodes}")
+        self.assertFalse(result.timed_out, harness.describe(result))
+        self.assertLess(seconds, HEARTBEAT + 30, harness.describe(result))
+        self.assertEqual([c for i, c in enumerate(result.returncodes) if i != 3], [4, 4, 4],
+                         harness.describe(result))
+        self.assertGreaterEqual(len(re.findall(r"rank 3 lost", result.output)), 3,
+                                harness.describe(result))
+
+
+if __name__ == "__main__":
+    unittest.main()
