@@ -240,6 +240,14 @@ class CheckpointFilesTest(tf.test.TestCase):
             self.assertEqual(f.read(), '{"epoch": 1.0}\n{"epoch": 2.0}\n')
         self.assertEqual(checkpointing.trim_history(self.dir, 2.0), 0)
 
+    def test_resuming_an_older_checkpoint_sets_the_newer_ones_aside(self):
+        old, newer = self.save(1), self.save(2)
+        moved = checkpointing.set_aside_newer(self.dir, old)
+        self.assertEqual(moved, [os.path.join(self.dir, "superseded", os.path.basename(newer))])
+        self.assertEqual(checkpointing.latest_valid(self.dir)[0], old)  # auto never picks it
+        self.assertEqual(self.load_value(moved[0]), 2.0)  # kept, still loadable by path
+        self.assertEqual(checkpointing.set_aside_newer(self.dir, old), [])
+
     def test_keeps_the_last_few_and_phase_boundaries(self):
         paths = [self.save(1), self.save(2, boundary=True), self.save(3), self.save(4),
                  self.save(5)]
