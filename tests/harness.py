@@ -6,6 +6,7 @@ fails the test instead of stalling CI.
 """
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -16,6 +17,28 @@ from typing import NamedTuple, Sequence, Tuple
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKERS = os.path.join(ROOT, "tests", "workers")
+TRAIN = os.path.join(ROOT, "run_scripts", "train.py")
+FLAGFILE = os.path.join(ROOT, "run_scripts", "embedded.flags")
+
+
+class EmbeddedDataCase:
+    """Test-case mixin: `cls.tmp`, a temporary directory for the class, with a small embedded
+    data set made once in `cls.data` (the class sets SPEC, an EmbeddedSpec)."""
+
+    SPEC = None
+
+    @classmethod
+    def setUpClass(cls):
+        from official_resnet import embedded_data
+        super().setUpClass()
+        cls.tmp = tempfile.mkdtemp(prefix=f"tftorus-{cls.__name__}-")
+        cls.data = os.path.join(cls.tmp, "data")
+        embedded_data.generate(cls.data, cls.SPEC, processes=1)
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+        super().tearDownClass()
 
 
 class Result(NamedTuple):

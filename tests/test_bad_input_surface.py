@@ -19,8 +19,7 @@ import tensorflow as tf
 from official_resnet import embedded_data
 from tests import harness
 
-TRAIN = os.path.join(harness.ROOT, "run_scripts", "train.py")
-FLAGFILE = os.path.join(harness.ROOT, "run_scripts", "embedded.flags")
+TRAIN, FLAGFILE = harness.TRAIN, harness.FLAGFILE
 SPEC = embedded_data.EmbeddedSpec(num_train=512, num_validation=64, train_shards=2,
                                   validation_shards=1)
 SENTINEL = "notes.txt"
@@ -103,13 +102,12 @@ def fingerprint(directory: str):
     return found
 
 
-class BadInputSurfaceTest(tf.test.TestCase):
+class BadInputSurfaceTest(harness.EmbeddedDataCase, tf.test.TestCase):
+    SPEC = SPEC
 
     @classmethod
     def setUpClass(cls):
-        cls.tmp = tempfile.mkdtemp(prefix="tftorus-bad-input-")
-        cls.data = os.path.join(cls.tmp, "data")
-        embedded_data.generate(cls.data, SPEC, processes=1)
+        super().setUpClass()
         train_files = sorted(n for n in os.listdir(cls.data) if n.startswith("train-"))
         cls.dirs = {name: os.path.join(cls.tmp, name)
                     for name in ("noval", "badlabels", "damaged")}
@@ -123,10 +121,6 @@ class BadInputSurfaceTest(tf.test.TestCase):
         with open(os.path.join(cls.dirs["damaged"], train_files[0]), "r+b") as f:
             f.seek(40)
             f.write(b"\x00" * 64)  # the first record's bytes
-
-    @classmethod
-    def tearDownClass(cls):
-        shutil.rmtree(cls.tmp, ignore_errors=True)
 
     def run_case(self, model_dir, flags, env, status, messages):
         argv = [TRAIN, f"--flagfile={FLAGFILE}", f"--data_dir={self.data}",

@@ -15,8 +15,7 @@ from official_resnet import checkpointing, embedded_data
 from official_resnet.schedules import Schedule
 from tests import harness
 
-TRAIN = os.path.join(harness.ROOT, "run_scripts", "train.py")
-FLAGFILE = os.path.join(harness.ROOT, "run_scripts", "embedded.flags")
+TRAIN, FLAGFILE = harness.TRAIN, harness.FLAGFILE
 SPEC = embedded_data.EmbeddedSpec(num_train=1024, num_validation=128, train_shards=4,
                                   validation_shards=2)
 
@@ -38,18 +37,10 @@ def history(model_dir):
         return [json.loads(line) for line in f]
 
 
-class ResumeRunsTest(tf.test.TestCase):
+class ResumeRunsTest(harness.EmbeddedDataCase, tf.test.TestCase):
+    SPEC = SPEC
     """Real processes under horovodrun."""
 
-    @classmethod
-    def setUpClass(cls):
-        cls.tmp = tempfile.mkdtemp(prefix="tftorus-resume-")
-        cls.data = os.path.join(cls.tmp, "data")
-        embedded_data.generate(cls.data, SPEC, processes=1)
-
-    @classmethod
-    def tearDownClass(cls):
-        shutil.rmtree(cls.tmp, ignore_errors=True)
 
     def train(self, model_dir, *flags, np_=2, timeout=420):
         args = [TRAIN, f"--flagfile={FLAGFILE}", f"--data_dir={self.data}",

@@ -10,23 +10,14 @@ import tensorflow as tf
 from official_resnet import embedded_data
 from tests import harness
 
-TRAIN = os.path.join(harness.ROOT, "run_scripts", "train.py")
-FLAGFILE = os.path.join(harness.ROOT, "run_scripts", "embedded.flags")
+TRAIN, FLAGFILE = harness.TRAIN, harness.FLAGFILE
 SPEC = embedded_data.EmbeddedSpec(num_train=1024, num_validation=128, train_shards=4,
                                   validation_shards=2)
 
 
-class TrainScriptTest(tf.test.TestCase):
+class TrainScriptTest(harness.EmbeddedDataCase, tf.test.TestCase):
+    SPEC = SPEC
 
-    @classmethod
-    def setUpClass(cls):
-        cls.tmp = tempfile.mkdtemp(prefix="tftorus-train-")
-        cls.data = os.path.join(cls.tmp, "data")
-        embedded_data.generate(cls.data, SPEC, processes=1)
-
-    @classmethod
-    def tearDownClass(cls):
-        shutil.rmtree(cls.tmp, ignore_errors=True)
 
     def train(self, *flags, np_=0, timeout=420):
         model_dir = tempfile.mkdtemp(dir=self.tmp)

@@ -6,7 +6,6 @@ a tiny generated data set) with one worker SIGKILLed or SIGSTOPped mid-training.
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import tempfile
@@ -21,8 +20,7 @@ from official_resnet import embedded_data
 from tests import harness
 from tftorus import watchdog
 
-TRAIN = os.path.join(harness.ROOT, "run_scripts", "train.py")
-FLAGFILE = os.path.join(harness.ROOT, "run_scripts", "embedded.flags")
+TRAIN, FLAGFILE = harness.TRAIN, harness.FLAGFILE
 SPEC = embedded_data.EmbeddedSpec(num_train=1024, num_validation=128, train_shards=4,
                                   validation_shards=2)
 
@@ -116,15 +114,7 @@ class VerdictTest(unittest.TestCase):
     def test_udp_round_trip_reports_a_silent_rank_to_all(self):
         """Real sockets and threads: rank 2 never beats; ranks 0 and 1 both get the verdict."""
         exits = {}
-        server = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        server.bind(("127.0.0.1", 0))
-        address = ("127.0.0.1", server.getsockname()[1])
-        dogs = [watchdog.Watchdog(r, 3, address, heartbeat_timeout=1.0, stall_timeout=100,
-                                  sock=server if r == 0 else None,
-                                  exit=lambda code, r=r: exits.setdefault(r, code))
-                for r in (0, 1)]
-        for d in dogs:
-            d.start()
+        dogs = start_watchdogs(world_size=3, heartbeat_timeout=1.0, exits=exits)
         deadline = time.monotonic() + 10
         while len(exits) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -135,15 +125,7 @@ class VerdictTest(unittest.TestCase):
 
     def test_normal_finish_is_no_loss(self):
         exits = {}
-        server = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        server.bind(("127.0.0.1", 0))
-        address = ("127.0.0.1", server.getsockname()[1])
-        dogs = [watchdog.Watchdog(r, 2, address, heartbeat_timeout=0.5, stall_timeout=100,
-                                  sock=server if r == 0 else None,
-                                  exit=lambda code, r=r: exits.setdefault(r, code))
-                for r in (0, 1)]
-        for d in dogs:
-            d.start()
+        dogs = start_watchdogs(world_size=2, heartbeat_timeout=0.5, exits=exits)
         time.sleep(0.3)
         dogs[1].stop()  # rank 1 finishes first; rank 0 keeps running past the timeout
         time.sleep(1.5)
@@ -183,6 +165,18 @@ def _workers(tag: str):
     return found
 
 
+def start_watchdogs(world_size, heartbeat_timeout, exits):
+    """Watchdogs of ranks 0 and 1 on real loopback sockets, in this process; an exit records
+    its status in `exits` instead of ending the test."""
+    server = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    server.bind(("127.0.0.1", 0))
+    address = ("127.0.0.1", server.getsockname()[1])
+    return [watchdog.Watchdog(r, world_size, address, heartbeat_timeout=heartbeat_timeout,
+                              stall_timeout=100, sock=server if r == 0 else None,
+                              exit=lambda code, r=r: exits.setdefault(r, code)).start()
+            for r in (0, 1)]
+
+
 def _alive(proc):
     try:
         return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
@@ -190,16 +184,8 @@ def _alive(proc):
         return False
 
 
-class WorkerLossTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.tmp = tempfile.mkdtemp(prefix="tftorus-loss-")
-        cls.data = os.path.join(cls.tmp, "data")
-        embedded_data.generate(cls.data, SPEC, processes=1)
-
-    @classmethod
-    def tearDownClass(cls):
-        shutil.rmtree(cls.tmp, ignore_errors=True)
+class WorkerLossTest(harness.EmbeddedDataCase, unittest.TestCase):
+    SPEC = SPEC
 
     def launch(self, engine, victim, sig, np_=4, timeout=400):
         """Train; once the first epoch is logged, send `sig` to rank `victim`. Returns the
