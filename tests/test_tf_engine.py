@@ -154,8 +154,9 @@ class KilledWorkerTest(tf.test.TestCase):
         failed = re.findall(r"FAILED after ([\d.]+)s .*: (tftorus tf engine: .*)", result.output)
         self.assertEqual(len(failed), 3, harness.describe(result))
         for seconds, message in failed:
-            # killed ~2 s into the loop; a survivor notices at once or after the timeout
-            self.assertLess(float(seconds), 2 + timeout + 5, message)
+            # killed ~2 s into the loop; a survivor notices at once or after the timeout (TF's
+            # timer fired up to 8 s late while other jobs loaded this 2-core machine)
+            self.assertLess(float(seconds), 2 + timeout + 15, message)
             self.assertRegex(message, "unreachable|collective timeout")
             self.assertIn("restart the job", message)
 

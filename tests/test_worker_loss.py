@@ -184,6 +184,23 @@ def _alive(proc):
         return False
 
 
+class TerminateHookTest(unittest.TestCase):
+    """Gloo's uncaught exception in Horovod's thread ends in std::terminate: the hook speaks first,
+    then the usual abort (with libstdc++'s message) follows."""
+
+    def test_terminate_says_what_the_rank_was_doing_then_aborts(self):
+        code = ("import ctypes; from tftorus import watchdog; "
+                "watchdog.progress('train step', phase=1, epoch=0.5, step=3); "
+                "assert watchdog.install_terminate_hook(); "
+                "ctypes.CDLL('libstdc++.so.6')._ZSt9terminatev()")
+        result = harness.run(["-c", code], timeout=120, env={"HOROVOD_RANK": "5"})
+        self.assertEqual(result.returncode, -signal.SIGABRT, harness.describe(result))
+        self.assertIn("tftorus: rank 5 lost a Horovod connection (a peer died or closed it) "
+                      "while in phase 1, epoch 0.50, step 3, train step", result.output,
+                      harness.describe(result))
+        self.assertIn("terminate called", result.output, harness.describe(result))
+
+
 class WorkerLossTest(harness.EmbeddedDataCase, unittest.TestCase):
     SPEC = SPEC
 

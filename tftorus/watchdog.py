@@ -23,6 +23,7 @@ that this rank finished, so a normal end is never reported as a loss.
 its threads) turns the launcher's SIGTERM into one line naming what this rank was doing: a Python
 signal handler would never run while the main thread is blocked inside a TensorFlow op.
 """
+import ctypes
 import dataclasses
 import json
 import os
@@ -361,7 +362,52 @@ def start(heartbeat_timeout: float, stall_timeout: float) -> Optional[Watchdog]:
     got = [int(x) for x in got.numpy()]
     address = (".".join(str(x) for x in got[:4]), got[4])
     _current = Watchdog(rank, size, address, heartbeat_timeout, stall_timeout, sock=sock).start()
+    if hvd.is_initialized():
+        install_terminate_hook()
     return _current
+
+
+# ------------------------------------------------------------------------------------------------
+# Horovod's background thread dying on a lost peer.
+# ------------------------------------------------------------------------------------------------
+_TERMINATE_HANDLER = ctypes.CFUNCTYPE(None)
+_terminate_hook = None  # (our handler, the one it replaced): kept alive for the process
+
+
+def install_terminate_hook() -> bool:
+    """When a peer dies, Gloo throws in Horovod's background thread, nothing catches it, and
+    std::terminate aborts the process within milliseconds: before the watchdog or the launcher's
+    SIGTERM can say who was lost. This C++ terminate handler says what this rank was doing,
+    then gives them that time (the heartbeat timeout and a little more) before the usual abort,
+    which still prints the C++ error. Returns False where libstdc++ cannot be reached."""
+    global _terminate_hook
+    if _terminate_hook is not None:
+        return True
+    try:
+        set_terminate = ctypes.CDLL("libstdc++.so.6")._ZSt13set_terminatePFvvE
+    except (OSError, AttributeError):
+        return False
+    set_terminate.restype = ctypes.c_void_p
+    set_terminate.argtypes = [_TERMINATE_HANDLER]
+
+    def on_terminate():
+        dog = _current
+        who = _rank if _rank is not None else os.environ.get("HOROVOD_RANK", "?")
+        print(f"tftorus: rank {who} lost a Horovod connection (a peer died or closed it) "
+              f"while in {describe_progress(_progress.as_dict())}; waiting for the watchdog to "
+              f"name the lost rank", file=sys.stderr, flush=True)
+        if dog is not None:  # its verdict, or the launcher's SIGTERM, ends the process
+            dog._got_verdict.wait(dog.heartbeat_timeout + 3 * dog.interval + 2.0)
+            time.sleep(2 * dog.interval + 1.0)
+        previous = _terminate_hook[1]
+        if previous:
+            _TERMINATE_HANDLER(previous)()  # libstdc++'s: prints the exception, aborts
+        os.abort()
+
+    handler = _TERMINATE_HANDLER(on_terminate)
+    _terminate_hook = (handler, None)
+    _terminate_hook = (handler, set_terminate(handler))
+    return True
 
 
 def stop() -> None:
