@@ -359,6 +359,8 @@ class Point:
         else:
             return None, None, "no model for this phase"
         why = NOT_FITTED.get(self.name, NOT_FITTED["fp16"] if self.fp16 else "")
+        if not any(np.any(p.features()) for p in phases):
+            why = "nothing the model counts (e.g. packing one flat tensor copies nothing)"
         return engine, tuple(phases), why
 
     def measurement(self, cores: int = 0) -> cm.Measurement:
@@ -380,10 +382,7 @@ def fit_and_report(path: str, single_host: bool, flag: float,
         if p.engine:
             by_engine[p.engine].append(p)
     for engine, pts in sorted(by_engine.items()):
-        fit_pts = [p for p in pts if not p.why_not and p.phases]
-        # A phase that cannot be timed (every feature 0, e.g. 'pack' of one flat tensor) adds
-        # nothing to fit; keep it out so it cannot pull the relative error.
-        fit_pts = [p for p in fit_pts if np.any(p.measurement().features())]
+        fit_pts = [p for p in pts if not p.why_not]
         if len(fit_pts) < 2:
             print(f"engine {engine}: {len(fit_pts)} usable row(s), not enough to fit\n")
             continue
@@ -407,8 +406,6 @@ def fit_and_report(path: str, single_host: bool, flag: float,
         print("|---|---|---|---|---|---|---|---|---|---|")
         flagged = []
         for p in pts:
-            if not p.phases and p.phases != ():
-                continue
             pred = p.measurement(cores).predict(result.params) * 1e3
             err = (pred - p.seconds * 1e3) / (p.seconds * 1e3)
             mark = " **>20%**" if abs(err) > flag else ""
