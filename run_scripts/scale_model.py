@@ -17,6 +17,7 @@ Tables are printed as Markdown so docs/scale.md can quote them as they are.
 """
 import argparse
 import csv
+import dataclasses
 import math
 import os
 import re
@@ -331,6 +332,11 @@ class Point:
         self.gradient_set = not self.workload.lower().startswith("flat")
         self.seconds = float(row["median_ms"]) / 1e3
         self.link_gbit = row.get("link_gbit", "")
+        try:
+            self.gbit = float(self.link_gbit) if self.link_gbit else 0.0
+        except ValueError:
+            raise CsvError(f"row {self.workload}/{self.name}: link_gbit {self.link_gbit!r} is not "
+                           f"a number") from None
         self.engine, self.phases, self.why_not = self._model()
 
     @property
@@ -363,8 +369,15 @@ class Point:
             why = "nothing the model counts (e.g. packing one flat tensor copies nothing)"
         return engine, tuple(phases), why
 
-    def measurement(self, cores: int = 0) -> cm.Measurement:
-        return cm.Measurement(self.label, self.phases, self.seconds,
+    def measurement(self, cores: int = 0, ref_gbit: float = 0.0) -> cm.Measurement:
+        """cores: ranks / cores stretches CPU-side costs; ref_gbit: beta_inter is fitted for a
+        link of that rate, and this row's inter-host bytes count ref_gbit / link_gbit times."""
+        phases = self.phases
+        if ref_gbit and self.gbit:
+            phases = tuple(dataclasses.replace(
+                p, inter_weighted_bytes=p.inter_weighted_bytes * ref_gbit / self.gbit)
+                for p in phases)
+        return cm.Measurement(self.label, phases, self.seconds,
                               cpu_factor=max(1.0, self.size / cores) if cores else 1.0)
 
 
@@ -383,10 +396,13 @@ def fit_and_report(path: str, single_host: bool, flag: float,
             by_engine[p.engine].append(p)
     for engine, pts in sorted(by_engine.items()):
         fit_pts = [p for p in pts if not p.why_not]
+        # Rows at several emulated link rates share one beta_inter, stated for the commonest rate.
+        rates = [p.gbit for p in pts if p.gbit]
+        ref_gbit = max(set(rates), key=rates.count) if rates else 0.0
         if len(fit_pts) < 2:
             print(f"engine {engine}: {len(fit_pts)} usable row(s), not enough to fit\n")
             continue
-        result = cm.fit([p.measurement(cores) for p in fit_pts])
+        result = cm.fit([p.measurement(cores, ref_gbit) for p in fit_pts])
         results[engine] = result
         print(f"### engine {engine}: {len(fit_pts)} rows fitted, rms relative error "
               f"{result.rms_relative_error * 100:.1f} %\n")
@@ -396,17 +412,19 @@ def fit_and_report(path: str, single_host: bool, flag: float,
             note = "not determined by these rows (left at 0)" if name in result.undetermined else ""
             print(f"| {name} ({cm.PARAM_UNITS[name]}) | {value:.4g} | "
                   f"{describe_param(name, value)} {note} |")
-        gbits = sorted({p.link_gbit for p in pts if p.link_gbit})
-        if gbits:
-            print(f"\n(emulated inter-host link: {', '.join(gbits)} Gbit/s = "
-                  + ", ".join(f"{float(g) / 8:.3f} GB/s" for g in gbits) + " per host)")
+        if ref_gbit:
+            others = sorted(set(rates) - {ref_gbit})
+            print(f"\n(beta_inter is for the emulated {ref_gbit:g} Gbit/s link = "
+                  f"{ref_gbit / 8:.3f} GB/s per host"
+                  + (f"; rows at {', '.join(f'{g:g}' for g in others)} Gbit/s count their "
+                     f"inter-host bytes {ref_gbit:g} / rate times" if others else "") + ")")
         print()
         print("| np | hosts x ranks | grid | workload | row | kind | measured ms | predicted ms | "
               "error | in fit |")
         print("|---|---|---|---|---|---|---|---|---|---|")
         flagged = []
         for p in pts:
-            pred = p.measurement(cores).predict(result.params) * 1e3
+            pred = p.measurement(cores, ref_gbit).predict(result.params) * 1e3
             err = (pred - p.seconds * 1e3) / (p.seconds * 1e3)
             mark = " **>20%**" if abs(err) > flag else ""
             if abs(err) > flag:

@@ -274,9 +274,13 @@ def test_scale_model_script_fits_an_emulated_csv(tmp_path, capsys):
     script = load_script()
     true = params(ai=5e-5, bi=1e-9, ae=2e-4, be=2e-8, per_op=1e-3)
     lines = ["np,grid,hosts,ranks_per_host,link_gbit,bytes,workload,kind,name,median_ms"]
-    for hosts, rph, grid in [(2, 2, "2x2"), (2, 4, "2x4"), (4, 2, "2x4"), (4, 4, "4x4")]:
+    # The link rate is 0.4 Gbit/s (beta_inter 2e-8 s/byte) on most rows, 0.8 on one setting:
+    # the script counts those rows' inter-host bytes half.
+    for hosts, rph, grid, gbit in [(2, 2, "2x2", 0.4), (2, 4, "2x4", 0.4), (4, 2, "2x4", 0.4),
+                                   (4, 4, "4x4", 0.4), (4, 2, "2x4", 0.8)]:
         size, topo = hosts * rph, cm.Topology(rph)
         g = TorusGrid(size, int(grid.split("x")[1]))
+        link = true.replace(beta_inter=true.inter.beta * 0.4 / gbit)
         for nbytes in (1 << 20, 16 << 20):
             work = f"flat {nbytes >> 20} MiB"
             for name, algorithm, kw in [("hvd", "hvd", {}),
@@ -284,12 +288,13 @@ def test_scale_model_script_fits_an_emulated_csv(tmp_path, capsys):
                                                                 check=True)),
                                         ("ring", "ring", dict(check=True)),
                                         ("hierarchical", "hierarchical", dict(check=True))]:
-                t = cm.CostModel(true, topo).seconds(algorithm, g, nbytes, **kw)
-                lines.append(f"{size},{grid},{hosts},{rph},0.4,{nbytes},{work},variant,{name},"
+                t = cm.CostModel(link, topo).seconds(algorithm, g, nbytes, **kw)
+                lines.append(f"{size},{grid},{hosts},{rph},{gbit},{nbytes},{work},variant,{name},"
                              f"{t * 1e3:.6f}")
     path = tmp_path / "emulated.csv"
     path.write_text("\n".join(lines) + "\n")
     results = script.fit_and_report(str(path), single_host=False, flag=0.2, cores=0)
     out = capsys.readouterr().out
-    assert "0 of 32 rows off by more than 20 %" in out
+    assert "0 of 40 rows off by more than 20 %" in out
     assert results["horovod"].rms_relative_error < 0.01
+    assert results["horovod"].params.inter.beta == pytest.approx(2e-8, rel=0.01)
