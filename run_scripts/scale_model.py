@@ -261,12 +261,16 @@ PHASES = {
     "pack": ("horovod", "copy", None),
     "unpack": ("horovod", "copy", None),
 }
-#: Left out of the fit (still predicted and shown), with why.
+#: Left out of the fit (still predicted and shown): short key -> why.
 NOT_FITTED = {
-    "torus-native": "hvd.reducescatter on Gloo: 3-4.6x slower than its bytes (docs/benchmarks.md)",
-    "reduce-scatter (native)": "hvd.reducescatter on Gloo: 3-4.6x slower than its bytes",
+    "native": "hvd.reducescatter on Gloo is 3-4.6x slower than its bytes (docs/benchmarks.md)",
+    "tiny": "a 48-byte collective costs less than the fixed cost of a MiB-sized one, which one "
+            "per_op cannot describe (docs/scale.md)",
     "fp16": "FP16 sums on CPU are ~3x slower per byte than FP32: another gamma",
+    "empty": "nothing the model counts (packing one flat tensor copies nothing)",
 }
+NOT_FITTED_BY_NAME = {"torus-native": "native", "reduce-scatter (native)": "native",
+                      "consistency check": "tiny"}
 
 SIZE_RE = re.compile(r"flat\s+([\d.]+)\s*([KMG]?)i?B", re.I)
 
@@ -364,9 +368,9 @@ class Point:
                           if p is not None]
         else:
             return None, None, "no model for this phase"
-        why = NOT_FITTED.get(self.name, NOT_FITTED["fp16"] if self.fp16 else "")
+        why = NOT_FITTED_BY_NAME.get(self.name, "fp16" if self.fp16 else "")
         if not any(np.any(p.features()) for p in phases):
-            why = "nothing the model counts (e.g. packing one flat tensor copies nothing)"
+            why = "empty"
         return engine, tuple(phases), why
 
     def measurement(self, cores: int = 0, ref_gbit: float = 0.0) -> cm.Measurement:
@@ -431,9 +435,12 @@ def fit_and_report(path: str, single_host: bool, flag: float,
                 flagged.append((p, err))
             print(f"| {p.size} | {p.hosts}x{p.rph} | {p.grid} | {p.workload} | {p.name} | {p.kind} "
                   f"| {p.seconds * 1e3:.1f} | {pred:.1f} | {err * 100:+.0f}%{mark} | "
-                  f"{'no: ' + p.why_not if p.why_not else 'yes'} |")
+                  f"{'no (' + p.why_not + ')' if p.why_not else 'yes'} |")
         print(f"\n{len(flagged)} of {len(pts)} rows off by more than {flag * 100:.0f} % "
               f"({sum(1 for p, _ in flagged if not p.why_not)} of them in the fit).\n")
+        for key in sorted({p.why_not for p in pts if p.why_not}):
+            print(f"- not fitted ({key}): {NOT_FITTED[key]}")
+        print()
     unmodelled = sorted({p.name for p in points if not p.engine})
     if unmodelled:
         print(f"Rows without a model (not predicted): {', '.join(unmodelled)}\n")
