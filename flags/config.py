@@ -25,6 +25,7 @@ class TrainConfig:
     epochs: float  # run epochs; the paper's 90 map onto them proportionally
     batch_divisor: int  # every total batch of the table is divided by this
     max_micro_batch: Optional[int]  # per-worker cap; above it, gradients accumulate
+    batch_schedule: Optional[str]  # 'TOTAL@START,...' replacing the experiment's batches
     # --- data ---
     data_dir: str
     image_size: int
@@ -38,6 +39,9 @@ class TrainConfig:
     small_inputs: bool
     precision: str  # 'mixed_float16' or 'float32'
     # --- optimizer ---
+    optimizer: str  # 'lars', or 'sgd' (momentum SGD: LARS with trust ratio 1 everywhere)
+    base_lr: Optional[float]  # configuration A's peak LR (None: 34, the paper's)
+    warmup_epochs: Optional[float]  # run epochs of linear warm-up (None: the configuration's)
     trust_coefficient: float
     lars_epsilon: float
     weight_decay: float
@@ -79,6 +83,13 @@ def define_flags():
     d.DEFINE_float("epochs", PAPER_EPOCHS, "run length in epochs; phases scale with it")
     d.DEFINE_integer("batch_divisor", 1, "divide every total batch of the table (scaled-down runs)")
     d.DEFINE_integer("max_micro_batch", None, "largest per-worker forward pass; more accumulates")
+    d.DEFINE_string("batch_schedule", None, "replace the experiment's total batches: "
+                    "TOTAL@START_PAPER_EPOCH,... e.g. 512@0,1024@30 (divided by --batch_divisor)")
+    d.DEFINE_enum("optimizer", "lars", ["lars", "sgd"],
+                  "lars (the paper's), or sgd: momentum SGD, the same update with trust ratio 1")
+    d.DEFINE_float("base_lr", None, "peak LR of configuration A (default 34, the paper's)")
+    d.DEFINE_float("warmup_epochs", None, "run epochs of linear LR warm-up (default: the LR "
+                   "configuration's, scaled to --epochs); 0 for none (configuration A only)")
     d.DEFINE_string("data_dir", EMBEDDED_DATA_DIR,
                     "ImageNet TFRecords (train-*, validation-*); the default is generated offline")
     d.DEFINE_integer("image_size", 224, "training and evaluation crop size in pixels")
@@ -140,7 +151,17 @@ def resolve(fv=None) -> TrainConfig:
     if lr_config not in ("A", "B"):
         raise ValueError(f"--lr_config must be A or B, got {fv.lr_config!r}")
     smoothing = experiment.label_smoothing if fv.label_smoothing is None else fv.label_smoothing
+    if fv.batch_schedule:
+        from flags.experiments import with_batch_schedule
+        with_batch_schedule(experiment, fv.batch_schedule)  # malformed: a clear error now
     checks = [
+        (fv.base_lr is None or fv.base_lr > 0, f"--base_lr must be > 0, got {fv.base_lr}"),
+        (fv.base_lr is None or lr_config == "A",
+         "--base_lr sets configuration A's peak LR; use it with --lr_config=A"),
+        (fv.warmup_epochs is None or 0 <= fv.warmup_epochs < fv.epochs,
+         f"--warmup_epochs must be in [0, --epochs), got {fv.warmup_epochs}"),
+        (fv.warmup_epochs is None or fv.warmup_epochs > 0 or lr_config == "A",
+         "--warmup_epochs=0 needs --lr_config=A (configuration B always warms up)"),
         (0.0 <= smoothing < 1.0, f"--label_smoothing must be in [0, 1), got {smoothing}"),
         (fv.epochs > 0, f"--epochs must be positive, got {fv.epochs}"),
         (fv.batch_divisor >= 1, f"--batch_divisor must be >= 1, got {fv.batch_divisor}"),
@@ -177,7 +198,9 @@ def resolve(fv=None) -> TrainConfig:
     return TrainConfig(
         exp=key if key in ("1", "2", "3", "4") else "ref", lr_config=lr_config,
         label_smoothing=smoothing, epochs=fv.epochs, batch_divisor=fv.batch_divisor,
-        max_micro_batch=fv.max_micro_batch, data_dir=fv.data_dir, image_size=fv.image_size,
+        max_micro_batch=fv.max_micro_batch, batch_schedule=fv.batch_schedule or None,
+        optimizer=fv.optimizer, base_lr=fv.base_lr, warmup_epochs=fv.warmup_epochs,
+        data_dir=fv.data_dir, image_size=fv.image_size,
         label_offset=fv.label_offset, num_classes=fv.num_classes, augment=fv.augment,
         min_crop_area=fv.min_crop_area, depth=fv.depth, width=fv.width,
         small_inputs=fv.small_inputs, precision=fv.precision,

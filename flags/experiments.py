@@ -83,3 +83,29 @@ def get_experiment(name: str) -> Experiment:
         raise ValueError(f"unknown experiment {name!r}: choose one of "
                          f"{', '.join(EXPERIMENTS)} (Table 3 of the paper)")
     return EXPERIMENTS[key]
+
+
+def with_batch_schedule(experiment: Experiment, spec: str) -> Experiment:
+    """The experiment with its batch-size control replaced: `spec` is 'TOTAL@START,...', total
+    batches (before --batch_divisor) and the paper epoch (0-90) each starts at, e.g.
+    '512@0,1024@30' (half the batch for the first third, as Exp. 2/3 switch at epoch 30)."""
+    items = []
+    for part in filter(None, (p.strip() for p in str(spec).split(","))):
+        total, _, start = part.partition("@")
+        try:
+            items.append((int(total), float(start or 0)))
+        except ValueError:
+            raise ValueError(f"--batch_schedule item {part!r} is not TOTAL@START_EPOCH "
+                             f"(e.g. 512@0,1024@30)") from None
+    starts = [s for _, s in items]
+    if not items or starts[0] != 0 or starts != sorted(set(starts)) or starts[-1] >= PAPER_EPOCHS \
+            or min(t for t, _ in items) < 1:
+        raise ValueError(f"--batch_schedule={spec!r}: give positive total batches with start "
+                         f"epochs rising from 0 and below {PAPER_EPOCHS}, e.g. 512@0,1024@30")
+    ends = starts[1:] + [PAPER_EPOCHS]
+    phases = tuple(Phase(int(s), int(e), t, t) for (t, s), e in zip(items, ends))
+    if any(p.start != s for p, (_, s) in zip(phases, items)):
+        raise ValueError(f"--batch_schedule={spec!r}: start epochs must be whole paper epochs")
+    return dataclasses.replace(experiment, name=f"{experiment.name}, batches {spec}",
+                               phases=phases)
+

@@ -190,3 +190,18 @@ class Schedule:
             return self.constant_momentum
         return momentum_for_batch(total_batch, self.reference_batch, self.reference_momentum,
                                   self.max_momentum)
+
+
+def lr_overrides(lr_config: str, total_epochs: float, base_lr: Optional[float] = None,
+                 warmup_epochs: Optional[float] = None) -> Dict[str, float]:
+    """`Schedule.lr_params` for a peak LR (configuration A's base_lr) and a warm-up given in
+    *run* epochs (lr_params are paper epochs: a run of T epochs maps its epoch e to e * 90 / T)."""
+    params: Dict[str, float] = {}
+    if base_lr is not None:
+        if str(lr_config).upper() != "A":
+            raise ValueError("base_lr is configuration A's peak LR; use lr_config 'A'")
+        params["base_lr"] = float(base_lr)
+    if warmup_epochs is not None:
+        params["warmup_epochs"] = paper_epoch(warmup_epochs, total_epochs)
+    return params
+

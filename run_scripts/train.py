@@ -33,12 +33,12 @@ import tensorflow as tf  # noqa: E402
 
 import tftorus  # noqa: E402
 from flags.config import EMBEDDED_DATA_DIR, define_flags, resolve  # noqa: E402
-from flags.experiments import get_experiment  # noqa: E402
+from flags.experiments import get_experiment, with_batch_schedule  # noqa: E402
 from official_resnet import batch_plan, bn_statistics, embedded_data, input_pipeline  # noqa: E402
 from official_resnet import checkpointing  # noqa: E402
 from official_resnet.lars import LARS  # noqa: E402
 from official_resnet.model import resnet  # noqa: E402
-from official_resnet.schedules import Schedule  # noqa: E402
+from official_resnet.schedules import Schedule, lr_overrides  # noqa: E402
 from official_resnet.train_step import TrainStep, make_eval_step  # noqa: E402
 from official_resnet.trainer import NonFiniteLossError, Trainer, World  # noqa: E402
 from tftorus import watchdog  # noqa: E402
@@ -123,6 +123,8 @@ def main(argv):
         tftorus.world.barrier()
     info = DataInfo.of(config.data_dir, config.num_classes)
     experiment = get_experiment(config.exp)
+    if config.batch_schedule:
+        experiment = with_batch_schedule(experiment, config.batch_schedule)
     plans = batch_plan.plan_phases(experiment, world_size=size, dataset_size=info.train_examples,
                                    epochs=config.epochs, batch_divisor=config.batch_divisor,
                                    max_micro_batch=config.max_micro_batch)
@@ -164,15 +166,20 @@ def main(argv):
     model = resnet(depth=config.depth, num_classes=info.num_classes, width=config.width,
                    input_shape=(config.image_size, config.image_size, 3),
                    small_inputs=config.small_inputs)
+    # --optimizer=sgd: the same update with a trust ratio of 1 for every variable (momentum SGD
+    # with coupled weight decay), so the two differ in layer adaptation alone.
     lars = LARS(learning_rate=0.0, momentum=0.9, weight_decay=config.weight_decay,
                 trust_coefficient=config.trust_coefficient, epsilon=config.lars_epsilon,
-                exclude_from_weight_decay=EXCLUDE_FROM_LARS)
+                exclude_from_weight_decay=EXCLUDE_FROM_LARS,
+                exclude_from_layer_adaptation=[".*"] if config.optimizer == "sgd" else None)
     optimizer = (tf.keras.mixed_precision.LossScaleOptimizer(lars)
                  if config.precision == "mixed_float16" else lars)
     # The momentum rule compares the total batch with the paper's 32K; a scaled-down run divides
     # both by the same factor so momentum keeps the paper's values.
     schedule = Schedule(config.lr_config, total_epochs=config.epochs, lr_scale=config.lr_scale,
-                        reference_batch=config.reference_batch / config.batch_divisor)
+                        reference_batch=config.reference_batch / config.batch_divisor,
+                        lr_params=lr_overrides(config.lr_config, config.epochs,
+                                               config.base_lr, config.warmup_epochs))
     compression = {"none": tftorus.Compression.none, "fp16": tftorus.Compression.fp16,
                    "bf16": tftorus.Compression.bf16}[config.compression]
     reduce_fn = tftorus.gradient_reducer(
