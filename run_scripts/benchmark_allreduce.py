@@ -107,6 +107,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     out.add_argument("--csv", default=os.path.join(DEFAULT_OUT_DIR, "allreduce.csv"),
                      help="CSV to append results to (default: %(default)s)")
     out.add_argument("--tag", default="", help="free text stored in the CSV's 'tag' column")
+    out.add_argument("--meta", nargs="*", default=[], metavar="KEY=VALUE",
+                     help="extra CSV columns (run_scripts/emulated_cluster.py adds hosts, "
+                          "ranks_per_host, link_gbit)")
     args = p.parse_args(argv)
     if not args.np and not args.worker:
         p.error("give --np N [N ...] to launch, or --worker under horovodrun")
@@ -456,6 +459,12 @@ def print_table(title: str, rows: List[Row]) -> None:
 def append_csv(path: str, rows: List[Row], meta: Dict[str, object]) -> None:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fields = list(meta) + list(Row._fields)
+    if os.path.exists(path):
+        with open(path, newline="") as f:
+            header = next(csv.reader(f), None)
+        if header != fields:  # written by another version or with other --meta: keep it apart
+            os.replace(path, path + ".old")
+            print(f"{path} had other columns; moved it to {path}.old", file=sys.stderr)
     new = not os.path.exists(path)
     with open(path, "a", newline="") as f:
         writer = csv.writer(f)
@@ -500,7 +509,8 @@ def worker(args) -> None:
     env = {k: os.environ.get(k, "") for k in ("HOROVOD_CYCLE_TIME", "HOROVOD_FUSION_THRESHOLD")}
     meta = {"np": hvd.size(), "grid": str(setup.grid), "repeats": args.repeats,
             "fusion_mb": args.fusion_threshold_mb, "cycle_time": env["HOROVOD_CYCLE_TIME"],
-            "hvd_fusion": env["HOROVOD_FUSION_THRESHOLD"], "tag": args.tag}
+            "hvd_fusion": env["HOROVOD_FUSION_THRESHOLD"], "tag": args.tag,
+            **dict(item.split("=", 1) for item in args.meta)}
     if hvd.rank() == 0:
         print(f"N={hvd.size()} grid {setup.grid}, {args.repeats} repeats after {args.warmup} "
               f"warm-up, slowest rank per call, median over repeats; env {env}")
@@ -511,7 +521,7 @@ def worker(args) -> None:
                      f"{len(workload.shapes)} tensor(s), {workload.elements / 1e6:.2f}M elements, "
                      f"{human_bytes(workload.elements * 4)} FP32 ==")
             print_table(title, rows)
-            append_csv(args.csv, rows, meta)
+            append_csv(args.csv, rows, {**meta, "bytes": workload.elements * 4})
     if hvd.rank() == 0:
         print(f"\nCSV: {args.csv}")
 
@@ -537,7 +547,7 @@ def worker_argv(args, np_: int, shapes_file: str) -> List[str]:
             "--engines", *args.engines,
             "--repeats", str(args.repeats), "--warmup", str(args.warmup),
             "--fusion-threshold-mb", str(args.fusion_threshold_mb),
-            "--csv", os.path.abspath(args.csv), "--tag", args.tag,
+            "--csv", os.path.abspath(args.csv), "--tag", args.tag, "--meta", *args.meta,
             "--sizes", *[str(b) for b in args.sizes], "--resnet", *args.resnet]
     if args.variants is not None:
         argv += ["--variants", *args.variants]

@@ -1,0 +1,351 @@
+"""An emulated multi-host cluster on this machine, and the all-reduce benchmark across it.
+
+    sudo .venv/bin/python run_scripts/emulated_cluster.py                # 4 hosts x 2 ranks, 1 Gbit/s
+    sudo .venv/bin/python run_scripts/emulated_cluster.py --hosts 2 --ranks-per-host 2 \\
+        --link-gbit 0.5 --sizes 1M 16M --resnet
+
+Each host is a Linux network namespace (tft-h0, tft-h1, ...) with one veth link to a bridge in
+the root namespace (tftbr0, 10.77.0.254/24; host k is 10.77.0.k+1). Every host link is limited
+to --link-gbit in both directions with a `tbf` qdisc on each end of its veth pair; traffic
+between ranks of one host stays on the namespace's loopback, unlimited (the intra-node link).
+What is not emulated: latency (these kernels have no `netem`), and separate CPUs: every rank
+of every host shares this machine's cores.
+
+Horovod starts without ssh: a Gloo rendezvous server in the root namespace (on the bridge's
+address) and one `ip netns exec tft-hK env HOROVOD_... python benchmark_allreduce.py --worker`
+per rank, with the environment horovodrun would give it (rank, size, local and cross ranks,
+HOROVOD_HOSTNAME = the host's address, HOROVOD_GLOO_IFACE = its veth). The grid defaults to one
+row per host (Y = hosts, X = ranks per host): the torus' row phases stay inside a host and its
+column phase crosses hosts, as on the paper's nodes.
+
+Prints per workload the median of each variant (slowest rank per call) and the ratios torus /
+ring, torus / hierarchical and torus / hvd; writes a CSV (default /tmp/tftorus_emulated/
+allreduce.csv, with columns hosts, ranks_per_host, link_gbit and bytes for
+run_scripts/scale_model.py --csv) and two PNG plots beside it. Needs root; exits 77 (skipped)
+with the reason where namespaces cannot be made. Sets up and removes everything itself.
+"""
+import argparse
+import csv
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Dict, List
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import benchmark_allreduce as bench  # noqa: E402
+
+SKIPPED = 77
+PREFIX = "tft-h"
+BRIDGE = "tftbr0"
+SUBNET = "10.77.0"
+BRIDGE_IP = f"{SUBNET}.254"
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_OUT = os.path.join(tempfile.gettempdir(), "tftorus_emulated")
+
+
+# ==================================================================================================
+# The namespaces
+# ==================================================================================================
+
+def sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, check=check, capture_output=True, text=True)
+
+
+def host_ip(k: int) -> str:
+    return f"{SUBNET}.{k + 1}"
+
+
+def why_not_possible() -> str:
+    """'' if namespaces, veths, bridges and tbf can be made here, else the reason."""
+    if os.geteuid() != 0:
+        return "needs root (network namespaces, a bridge and tc qdiscs)"
+    if not shutil.which("ip") or not shutil.which("tc"):
+        return "needs iproute2's `ip` and `tc`"
+    probe = f"{PREFIX}probe"
+    made = sh("ip", "netns", "add", probe, check=False)
+    sh("ip", "netns", "del", probe, check=False)
+    if made.returncode:
+        return f"cannot create a network namespace: {made.stderr.strip()}"
+    return ""
+
+
+class Cluster:
+    """H namespaces on a bridge, each host link rate-limited both ways. A context manager."""
+
+    def __init__(self, hosts: int, link_gbit: float):
+        self.hosts, self.link_gbit = hosts, link_gbit
+
+    def veth(self, k: int) -> str:
+        return f"tftv{k}"  # the root-namespace end; the namespace end is called eth0
+
+    def __enter__(self) -> "Cluster":
+        teardown()  # leftovers of a run that was killed
+        try:
+            sh("ip", "link", "add", BRIDGE, "type", "bridge")
+            sh("ip", "addr", "add", f"{BRIDGE_IP}/24", "dev", BRIDGE)
+            sh("ip", "link", "set", BRIDGE, "up")
+            for k in range(self.hosts):
+                ns, outer = f"{PREFIX}{k}", self.veth(k)
+                sh("ip", "netns", "add", ns)
+                sh("ip", "link", "add", outer, "type", "veth", "peer", "name", "eth0",
+                   "netns", ns)
+                sh("ip", "link", "set", outer, "master", BRIDGE, "up")
+                sh("ip", "-n", ns, "addr", "add", f"{host_ip(k)}/24", "dev", "eth0")
+                sh("ip", "-n", ns, "link", "set", "eth0", "up")
+                sh("ip", "-n", ns, "link", "set", "lo", "up")
+                # egress of each end: host -> bridge on eth0, bridge -> host on the outer end
+                for prefix, dev in ((["ip", "netns", "exec", ns], "eth0"), ([], outer)):
+                    sh(*prefix, "tc", "qdisc", "add", "dev", dev, "root", "tbf",
+                       *tbf_args(self.link_gbit))
+        except subprocess.CalledProcessError as error:
+            teardown()
+            raise SystemExit(f"setting up the emulated cluster failed: {' '.join(error.cmd)}: "
+                             f"{error.stderr.strip()}")
+        return self
+
+    def __exit__(self, *exc):
+        teardown()
+
+
+def tbf_args(gbit: float) -> List[str]:
+    rate = gbit * 1e9 / 8  # bytes/s
+    # a burst of at least one timer tick's worth (HZ >= 100), so the rate is reachable
+    burst = max(64 * 1024, int(rate / 100))
+    return ["rate", f"{gbit * 1000:g}mbit", "burst", str(burst), "latency", "100ms"]
+
+
+def teardown() -> None:
+    """Remove every namespace and link this script makes (also those of a killed run)."""
+    listed = sh("ip", "netns", "list", check=False).stdout.split()
+    for name in listed:
+        if name.startswith(PREFIX):
+            sh("ip", "netns", "pids", name, check=False)
+            for pid in sh("ip", "netns", "pids", name, check=False).stdout.split():
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except (ProcessLookupError, ValueError):
+                    pass
+            sh("ip", "netns", "del", name, check=False)
+    for line in sh("ip", "-o", "link", "show", check=False).stdout.splitlines():
+        name = line.split(":")[1].strip().split("@")[0]
+        if name == BRIDGE or name.startswith("tftv"):
+            sh("ip", "link", "del", name, check=False)
+
+
+# ==================================================================================================
+# Horovod across the namespaces
+# ==================================================================================================
+
+def launch(args, bench_argv: List[str], log_path: str) -> int:
+    """Start every rank in its host's namespace with horovodrun's environment; echo rank 0."""
+    from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
+    from horovod.runner.http.http_server import RendezvousServer
+    size = args.hosts * args.ranks_per_host
+    slots = get_host_assignments(
+        parse_hosts(",".join(f"{host_ip(k)}:{args.ranks_per_host}" for k in range(args.hosts))),
+        size)
+    server = RendezvousServer()
+    port = server.start()
+    server.init(slots)
+    procs, threads = [], []
+    lock = threading.Lock()
+    with open(log_path, "w") as log:
+        def pump(rank, stream):
+            for line in stream:
+                with lock:
+                    log.write(f"[{rank}] {line}")
+                    if rank == 0:
+                        print(line, end="", flush=True)
+
+        for slot in slots:
+            k = int(slot.hostname.rsplit(".", 1)[1]) - 1
+            env = {
+                "HOROVOD_GLOO_RENDEZVOUS_ADDR": BRIDGE_IP, "HOROVOD_GLOO_RENDEZVOUS_PORT": port,
+                "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo",
+                "HOROVOD_GLOO_IFACE": "eth0", "HOROVOD_HOSTNAME": slot.hostname,
+                "HOROVOD_RANK": slot.rank, "HOROVOD_SIZE": slot.size,
+                "HOROVOD_LOCAL_RANK": slot.local_rank, "HOROVOD_LOCAL_SIZE": slot.local_size,
+                "HOROVOD_CROSS_RANK": slot.cross_rank, "HOROVOD_CROSS_SIZE": slot.cross_size,
+                "PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": "",
+                "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+            }
+            # Horovod 0.28.1 builds the Gloo contexts of process sets from the machine's host
+            # name, not HOROVOD_GLOO_IFACE (its debug log shows them on 127.0.0.1, which the
+            # other hosts cannot reach): each rank gets a UTS namespace named by its host's
+            # address, as a real host's name would resolve to it.
+            cmd = ["ip", "netns", "exec", f"{PREFIX}{k}", "unshare", "--uts", "sh", "-c",
+                   'hostname "$0" && exec "$@"', slot.hostname, "env",
+                   *[f"{key}={value}" for key, value in env.items()], *bench_argv]
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    text=True, cwd=REPO, start_new_session=True)
+            procs.append(proc)
+            thread = threading.Thread(target=pump, args=(slot.rank, proc.stdout), daemon=True)
+            thread.start()
+            threads.append(thread)
+        deadline = time.monotonic() + args.timeout
+        failed = None
+        while any(p.poll() is None for p in procs):
+            failed = next((i for i, p in enumerate(procs) if p.poll()), None)
+            if failed is not None or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        for p in procs:  # one rank failed or the time is up: the others would hang
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+        for t in threads:
+            t.join(timeout=5)
+    server.stop()
+    codes = [p.wait() for p in procs]
+    if any(codes):
+        print(f"ranks exited with {codes}" + (" (timed out)" if failed is None else "")
+              + f"; last lines of {log_path}:", file=sys.stderr)
+        with open(log_path) as f:
+            print("".join(f.readlines()[-30:]), file=sys.stderr)
+        return 1
+    return 0
+
+
+# ==================================================================================================
+# Report: ratios and plots from the CSV
+# ==================================================================================================
+
+def read_rows(path: str) -> List[Dict[str, str]]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def ratio_table(rows: List[Dict[str, str]]) -> str:
+    by = {}
+    for r in rows:
+        if r["kind"] == "variant":
+            by.setdefault(r["workload"], {})[r["name"]] = float(r["median_ms"])
+    torus_names = [n for n in ("torus", "torus-tf") if any(n in v for v in by.values())]
+    head = "| workload | " + " | ".join(f"{n} ms" for n in ("hvd", "ring", "hierarchical",
+                                                             *torus_names)) + " | " + " | ".join(
+        f"{t} / {b}" for t in torus_names for b in ("ring", "hierarchical", "hvd")) + " |"
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for workload, v in by.items():
+        cells = [f"{v[n]:.1f}" if n in v else "" for n in ("hvd", "ring", "hierarchical",
+                                                          *torus_names)]
+        cells += [f"{v[t] / v[b]:.2f}" if t in v and b in v else ""
+                  for t in torus_names for b in ("ring", "hierarchical", "hvd")]
+        lines.append(f"| {workload} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plots(rows: List[Dict[str, str]], out_dir: str, title: str, link_gbit: float) -> List[str]:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    flat = [r for r in rows if r["kind"] == "variant" and r["workload"].startswith("flat")]
+    names = sorted({r["name"] for r in flat}, key=lambda n: (n != "hvd", n))
+    size = int(flat[0]["np"]) if flat else 1
+    paths = []
+    for kind in ("time", "busbw"):
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for name in names:
+            pts = sorted((int(r["bytes"]), float(r["median_ms"])) for r in flat if r["name"] == name)
+            xs = [b / 2 ** 20 for b, _ in pts]
+            ys = ([ms for _, ms in pts] if kind == "time" else
+                  [2 * (size - 1) / size * b / (ms / 1e3) / 1e9 * 8 for b, ms in pts])
+            ax.plot(xs, ys, marker="o", ms=3, label=name)
+        ax.set_xscale("log")
+        ax.set_xlabel("buffer size (MiB, FP32)")
+        if kind == "time":
+            ax.set_yscale("log")
+            ax.set_ylabel("all-reduce time (ms, slowest rank, median)")
+        else:
+            ax.axhline(link_gbit, color="k", ls="--", lw=1, label=f"host link {link_gbit:g} Gbit/s")
+            ax.set_ylabel("bus bandwidth 2(N-1)/N x bytes / time (Gbit/s)")
+        ax.set_title(title, fontsize=10)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = os.path.join(out_dir, f"emulated_{kind}.png")
+        fig.savefig(path, dpi=90)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+# ==================================================================================================
+# Main
+# ==================================================================================================
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--hosts", type=int, default=4)
+    p.add_argument("--ranks-per-host", type=int, default=2)
+    p.add_argument("--link-gbit", type=float, default=1.0, help="each host's link, Gbit/s")
+    p.add_argument("--grid", default=None, help="YxX (default: hosts x ranks-per-host)")
+    p.add_argument("--engines", nargs="+", choices=("horovod", "tf"), default=["horovod", "tf"])
+    p.add_argument("--sizes", nargs="*", type=bench.parse_size,
+                   default=[bench.parse_size(s) for s in ("4K", "64K", "1M", "4M", "16M", "64M",
+                                                          "128M")])
+    p.add_argument("--resnet", nargs="*", choices=("fp32", "fp16"), default=["fp32"])
+    p.add_argument("--variants", nargs="*",
+                   default=["hvd", "torus", "ring", "hierarchical", "torus-tf", "reduce-scatter "
+                            "(alltoall)", "column all-reduce", "row all-gather"],
+                   help="variants and torus phases to time (hvd is always timed)")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--out", default=DEFAULT_OUT, help="CSV, log and plots (default %(default)s)")
+    p.add_argument("--timeout", type=float, default=2400, help="seconds before every rank is killed")
+    args = p.parse_args(argv)
+    if args.hosts < 2 or args.ranks_per_host < 1 or args.link_gbit <= 0:
+        p.error("need --hosts >= 2, --ranks-per-host >= 1 and --link-gbit > 0")
+    if args.hosts > 250:
+        p.error("at most 250 hosts (one /24 subnet)")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    reason = why_not_possible()
+    if reason:
+        print(f"emulated cluster skipped: {reason}. Run as root on Linux with iproute2.",
+              file=sys.stderr)
+        return SKIPPED
+    size = args.hosts * args.ranks_per_host
+    grid = args.grid or f"{args.hosts}x{args.ranks_per_host}"
+    os.makedirs(args.out, exist_ok=True)
+    csv_path = os.path.join(args.out, "allreduce.csv")
+    if os.path.exists(csv_path):
+        os.remove(csv_path)  # one run per CSV: the ratios and plots are of this run
+    shapes_file = os.path.join(args.out, "resnet50_shapes.json")
+    if args.resnet and not os.path.exists(shapes_file):
+        import json
+        with open(shapes_file, "w") as f:
+            json.dump(bench.resnet50_shapes(), f)
+    bench_args = bench.parse_args(
+        ["--np", str(size), "--grids", f"{size}={grid}", "--engines", *args.engines,
+         "--repeats", str(args.repeats), "--warmup", str(args.warmup), "--csv", csv_path,
+         "--tag", "emulated", "--sizes", *[str(b) for b in args.sizes],
+         "--resnet", *args.resnet, "--variants", *args.variants,
+         "--meta", f"hosts={args.hosts}", f"ranks_per_host={args.ranks_per_host}",
+         f"link_gbit={args.link_gbit:g}"])
+    title = (f"{args.hosts} hosts x {args.ranks_per_host} ranks, {args.link_gbit:g} Gbit/s host "
+             f"links, grid {grid}")
+    print(f"emulated cluster: {title}; CSV {csv_path}", flush=True)
+    start = time.time()
+    with Cluster(args.hosts, args.link_gbit):
+        rc = launch(args, bench.worker_argv(bench_args, size, shapes_file),
+                    os.path.join(args.out, "ranks.log"))
+    if rc or not os.path.exists(csv_path):
+        return rc or 1
+    rows = read_rows(csv_path)
+    print(f"\n== {title}: medians and ratios (below 1: the torus is faster) ==")
+    print(ratio_table(rows))
+    for path in plots(rows, args.out, title, args.link_gbit):
+        print(f"plot: {path}")
+    print(f"CSV: {csv_path}  ({time.time() - start:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

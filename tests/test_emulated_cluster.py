@@ -1,0 +1,80 @@
+"""The emulated cluster (run_scripts/emulated_cluster.py): its links are really rate-limited,
+Horovod runs across its namespaces, and nothing is left behind. Needs root; skipped otherwise."""
+import os
+import subprocess
+import sys
+import time
+import unittest
+
+from tests import harness
+
+sys.path.insert(0, os.path.join(harness.ROOT, "run_scripts"))
+import emulated_cluster as ec  # noqa: E402
+
+REASON = ec.why_not_possible()
+
+RECEIVER = """
+import socket, sys, time
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", 5999)); s.listen(1); print("ready", flush=True)
+c, _ = s.accept(); n = 0; start = None
+while True:
+    b = c.recv(1 << 16)
+    if not b: break
+    start = start or time.monotonic(); n += len(b)
+print(n, time.monotonic() - start, flush=True)
+"""
+SENDER = """
+import socket, sys
+s = socket.create_connection((sys.argv[1], 5999)); s.sendall(b"x" * int(sys.argv[2])); s.close()
+"""
+
+
+def leftovers():
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    return ([n for n in names.split() if n.startswith(ec.PREFIX)]
+            + [l for l in links.splitlines() if ec.BRIDGE in l or "tftv" in l])
+
+
+@unittest.skipIf(REASON, f"emulated cluster not possible here: {REASON}")
+class EmulatedClusterTest(unittest.TestCase):
+
+    def test_host_links_carry_the_set_rate_and_teardown_is_complete(self):
+        gbit, nbytes = 0.1, 4 * 1024 * 1024  # 12.5 MB/s: 4 MiB takes about 0.34 s
+        with ec.Cluster(2, gbit):
+            receiver = subprocess.Popen(
+                ["ip", "netns", "exec", "tft-h1", sys.executable, "-c", RECEIVER],
+                stdout=subprocess.PIPE, text=True)
+            self.assertEqual(receiver.stdout.readline().strip(), "ready")
+            subprocess.run(["ip", "netns", "exec", "tft-h0", sys.executable, "-c", SENDER,
+                            ec.host_ip(1), str(nbytes)], check=True, timeout=60)
+            got, seconds = receiver.communicate(timeout=60)[0].split()
+            self.assertEqual(int(got), nbytes)
+            rate_gbit = nbytes * 8 / float(seconds) / 1e9
+            # the token bucket's first burst goes at full speed; the rest at the set rate
+            self.assertGreater(rate_gbit, 0.6 * gbit)
+            self.assertLess(rate_gbit, 1.5 * gbit)
+        self.assertEqual(leftovers(), [])
+
+    def test_benchmark_runs_across_hosts(self):
+        out = os.path.join(harness.ROOT, "runs", "test_emulated")
+        start = time.monotonic()
+        result = subprocess.run(
+            [sys.executable, os.path.join(harness.ROOT, "run_scripts", "emulated_cluster.py"),
+             "--hosts", "2", "--ranks-per-host", "2", "--sizes", "64K", "--resnet",
+             "--engines", "horovod", "--variants", "hvd", "torus", "ring", "hierarchical",
+             "--repeats", "2", "--out", out, "--timeout", "240"],
+            capture_output=True, text=True, timeout=300, cwd=harness.ROOT)
+        self.assertEqual(result.returncode, 0, result.stdout[-3000:] + result.stderr[-3000:])
+        self.assertRegex(result.stdout, r"\| flat 64 KiB \|( [\d.]+ \|){4}( [\d.]+ \|){3}")
+        with open(os.path.join(out, "allreduce.csv")) as f:
+            header = f.readline().strip().split(",")
+        for column in ("hosts", "ranks_per_host", "link_gbit", "bytes", "median_ms"):
+            self.assertIn(column, header)
+        self.assertEqual(leftovers(), [])
+        print(f"\nemulated 2 x 2 benchmark: {time.monotonic() - start:.0f} s")
+
+
+if __name__ == "__main__":
+    unittest.main()
