@@ -18,15 +18,13 @@ log, history.jsonl and summary.json; the table goes to runs/accuracy_band/result
 """
 import argparse
 import csv
-import json
 import os
 import statistics
-import subprocess
 import sys
-import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-VENV_BIN = os.path.dirname(sys.executable)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from local_training import REPO, train_once  # noqa: E402
+
 ARMS = {
     "np4": (4, ["--grid=2x2"]),
     "np1-mb54": (1, ["--max_micro_batch=54"]),
@@ -46,27 +44,13 @@ def parse_args(argv=None):
 
 def run_one(arm: str, seed: int, args) -> dict:
     workers, arm_flags = ARMS[arm]
-    model_dir = os.path.join(args.out, f"{arm}_seed{seed}")
-    summary_path = os.path.join(model_dir, "summary.json")
-    if os.path.exists(summary_path):  # finished earlier: a rerun only adds what is missing
-        with open(summary_path) as f:
-            return json.load(f)
-    os.makedirs(model_dir, exist_ok=True)
-    cmd = [os.path.join(VENV_BIN, "horovodrun"), "--gloo", "-np", str(workers),
-           "-H", f"localhost:{workers}", sys.executable, "run_scripts/train.py", "--exp=2",
-           "--flagfile=run_scripts/embedded.flags", f"--seed={seed}",
-           f"--model_dir={model_dir}", *arm_flags, *args.train_flags]
-    start = time.time()
-    with open(os.path.join(model_dir, "log.txt"), "w") as log:
-        proc = subprocess.run(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                              timeout=args.timeout)
-    if proc.returncode != 0 or not os.path.exists(summary_path):
-        raise SystemExit(f"{arm} seed {seed} failed (exit {proc.returncode}); "
-                         f"see {os.path.join(model_dir, 'log.txt')}")
-    with open(summary_path) as f:
-        summary = json.load(f)
-    print(f"  {arm:9s} seed {seed}: top-1 {summary['top1_1crop']:.2f}% "
-          f"({time.time() - start:.0f} s wall-clock)", flush=True)
+    summary, seconds = train_once(
+        os.path.join(args.out, f"{arm}_seed{seed}"), workers,
+        ["--exp=2", "--flagfile=run_scripts/embedded.flags", f"--seed={seed}", *arm_flags,
+         *args.train_flags], args.timeout, f"{arm} seed {seed}")
+    if seconds is not None:
+        print(f"  {arm:9s} seed {seed}: top-1 {summary['top1_1crop']:.2f}% "
+              f"({seconds:.0f} s wall-clock)", flush=True)
     return summary
 
 

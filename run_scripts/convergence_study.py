@@ -28,13 +28,13 @@ import csv
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from typing import Dict, List
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-VENV_BIN = os.path.dirname(sys.executable)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from local_training import REPO, train_once  # noqa: E402
+
 SCALE = 32  # large batch / small batch
 PAPER_REFERENCE, PAPER_EXP2 = 32768, 55296  # momentum 0.9 at 32K; Exp. 2's 54K
 
@@ -76,24 +76,13 @@ def parse_args(argv=None):
 
 def run_one(arm: str, seed: int, args) -> Dict:
     model_dir = os.path.join(args.out, f"{arm}_seed{seed}")
-    summary_path = os.path.join(model_dir, "summary.json")
-    if not os.path.exists(summary_path):
-        os.makedirs(model_dir, exist_ok=True)
-        cmd = [os.path.join(VENV_BIN, "horovodrun"), "--gloo", "-np", str(args.workers),
-               "-H", f"localhost:{args.workers}", sys.executable, "run_scripts/train.py",
-               "--flagfile=run_scripts/embedded.flags", "--batch_divisor=1",
-               f"--epochs={args.epochs:g}", f"--seed={seed}", f"--model_dir={model_dir}",
-               *arm_flags(arm, args.small_batch), *args.train_flags]
-        start = time.time()
-        with open(os.path.join(model_dir, "log.txt"), "w") as log:
-            proc = subprocess.run(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                                  timeout=args.timeout)
-        if proc.returncode != 0 or not os.path.exists(summary_path):
-            raise SystemExit(f"arm {arm} seed {seed} failed (exit {proc.returncode}); see "
-                             f"{os.path.join(model_dir, 'log.txt')}")
-        print(f"  {arm} ({ARM_NAMES[arm]}) seed {seed}: {time.time() - start:.0f} s", flush=True)
-    with open(summary_path) as f:
-        summary = json.load(f)
+    summary, seconds = train_once(
+        model_dir, args.workers,
+        ["--flagfile=run_scripts/embedded.flags", "--batch_divisor=1", f"--epochs={args.epochs:g}",
+         f"--seed={seed}", *arm_flags(arm, args.small_batch), *args.train_flags],
+        args.timeout, f"arm {arm} seed {seed}")
+    if seconds is not None:
+        print(f"  {arm} ({ARM_NAMES[arm]}) seed {seed}: {seconds:.0f} s", flush=True)
     with open(os.path.join(model_dir, "history.jsonl")) as f:
         history = [json.loads(line) for line in f if line.strip()]
     return {"arm": arm, "seed": seed, "top1": summary["top1_1crop"],
