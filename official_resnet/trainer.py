@@ -88,7 +88,8 @@ class Trainer:
             raise ValueError(f"on_nonfinite must be one of {NONFINITE_POLICIES}, got "
                              f"{on_nonfinite!r}")
         self.on_nonfinite, self.max_nonfinite_skips = on_nonfinite, max_nonfinite_skips
-        self.skips_in_a_row = 0
+        self.skips_in_a_row = 0  # non-finite steps skipped in a row (checkpointed)
+        self.elapsed_before = 0.0  # training seconds of the run before a resume (checkpointed)
         self.samples_seen = tf.Variable(0, dtype=tf.int64, trainable=False, name="samples_seen")
         self.steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="steps")
         self.checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer,
@@ -140,7 +141,7 @@ class Trainer:
 
     # ----------------------------------------------------------------------------------------
     def run(self) -> List[EpochLog]:
-        start = time.monotonic()
+        start = time.monotonic() - self.elapsed_before  # a resumed run's clock continues
         end_epoch = self.plans[-1].end_epoch
         next_eval = self.eval_every
         while next_eval <= self.epoch() + 1e-9:  # resumed: the next evaluation after it
@@ -192,8 +193,9 @@ class Trainer:
                 self._progress("epoch metrics")
                 train = self.world.sum(tf.constant([correct, (i + 1) * plan.per_worker_batch],
                                                    tf.float64)).numpy()
-                log = EpochLog(epoch=self.epoch(), phase=plan.index,
-                               loss=loss_sum / max(1, i + 1 - len(skipped_at)),
+                applied_steps = i + 1 - len(skipped_at)
+                log = EpochLog(epoch=self.epoch(), phase=plan.index,  # loss: of applied steps
+                               loss=loss_sum / applied_steps if applied_steps else math.nan,
                                skipped_steps=len(skipped_at), skipped_at=skipped_at,
                                train_top1=100.0 * train[0] / train[1], lr=lr, momentum=momentum,
                                total_batch=plan.total_batch,
@@ -260,6 +262,9 @@ class Trainer:
         phase's dataset is rebuilt and the batches this worker already took are skipped."""
         if not state.get("phase_boundary") and state["world_size"] == self.world.size:
             self._resume_position = (state["phase"], state["input_batches_in_phase"])
+        # absent in checkpoints of older versions: then the clock and the count start again
+        self.elapsed_before = float(state.get("elapsed", 0.0))
+        self.skips_in_a_row = int(state.get("nonfinite_skips_in_a_row", 0))
         if self.world.chief:
             logger.info("resumed at epoch %.3f (%d samples, step %d) from phase %d%s",
                         self.epoch(), int(self.samples_seen.numpy()), int(self.steps.numpy()),
@@ -276,7 +281,8 @@ class Trainer:
                     world_size=self.world.size, total_batch=plan.total_batch,
                     per_worker_batch=plan.per_worker_batch, accumulation=plan.accumulation,
                     input_batches_in_phase=self.batches_in_phase,
-                    bn_stat_batches=self.bn_stat_batches)
+                    bn_stat_batches=self.bn_stat_batches, elapsed=log.elapsed,
+                    nonfinite_skips_in_a_row=self.skips_in_a_row)
 
     def _log_phase(self, plan: PhasePlan):
         if self.world.chief:

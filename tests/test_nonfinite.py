@@ -88,9 +88,10 @@ class SkipStepTest(tf.test.TestCase):
 STEPS_PER_EPOCH = 4
 
 
-def run_trainer(model_dir, nan_at_steps, **policy):
+def run_trainer(model_dir, nan_at_steps, resume_state=None, **policy):
     """One epoch of 4 steps of the real Trainer on one worker; the batches of `nan_at_steps`
-    (1-based) hold a NaN. Returns the trainer (its history) or raises what it raises."""
+    (1-based) hold a NaN; `resume_state` (a checkpoint's state.json) is handed to resume() first.
+    Returns the trainer (its history) or raises what it raises."""
     model = small_model()
     lars = LARS(learning_rate=0.0, momentum=0.9)
     batches = [batch(i, nan=i + 1 in nan_at_steps) for i in range(STEPS_PER_EPOCH + 1)]
@@ -109,6 +110,8 @@ def run_trainer(model_dir, nan_at_steps, **policy):
         dataset_size=8 * STEPS_PER_EPOCH, world=World(), model_dir=model_dir, bn_stat_batches=1,
         summary_writer=tf.summary.create_file_writer(os.path.join(model_dir, "tensorboard")),
         **policy)
+    if resume_state is not None:
+        trainer.resume(resume_state)
     trainer.run()
     return trainer
 
@@ -157,6 +160,27 @@ class TrainerReportTest(tf.test.TestCase):
         with self.assertRaisesRegex(NonFiniteLossError, r"at step 3 .*2 steps in a row "
                                                         r"\(--max_nonfinite_skips\)"):
             run_trainer(tempfile.mkdtemp(), nan_at_steps={2, 3}, max_nonfinite_skips=2)
+
+    def test_an_epoch_of_only_skipped_steps_has_no_loss(self):
+        trainer = run_trainer(tempfile.mkdtemp(), nan_at_steps={1, 2, 3, 4},
+                              max_nonfinite_skips=10)
+        self.assertTrue(np.isnan(trainer.history[0].loss))  # not 0.0: nothing was applied
+
+    def test_skip_count_and_clock_carry_over_a_resume(self):
+        trainer = run_trainer(tempfile.mkdtemp(), nan_at_steps={4}, max_nonfinite_skips=2)
+        state = trainer.checkpoint_state(trainer.history[-1])
+        self.assertEqual(state["nonfinite_skips_in_a_row"], 1)  # the epoch ended on a skip
+        self.assertEqual(state["elapsed"], trainer.history[-1].elapsed)
+        # Resumed (the state says phase boundary, so the one phase runs again from epoch 0):
+        # the clock goes on from the saved seconds, and the first step's skip is the second in
+        # a row, which reaches --max_nonfinite_skips=2.
+        state.update(elapsed=1000.0, phase_boundary=True)
+        resumed = run_trainer(tempfile.mkdtemp(), nan_at_steps=set(), resume_state=state,
+                              max_nonfinite_skips=2)
+        self.assertGreater(resumed.history[0].elapsed, 1000.0)
+        with self.assertRaisesRegex(NonFiniteLossError, r"at step 1 .*2 steps in a row"):
+            run_trainer(tempfile.mkdtemp(), nan_at_steps={1}, resume_state=state,
+                        max_nonfinite_skips=2)
 
 
 class SkipOnEveryWorkerTest(tf.test.TestCase):
