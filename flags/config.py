@@ -46,7 +46,8 @@ class TrainConfig:
     lars_epsilon: float
     weight_decay: float
     reference_batch: int  # batch at which momentum is 0.9 (paper: 32K); divided with the batches
-    lr_scale: float  # multiplies the LR schedule (1.0: the paper's values)
+    lr_scale: float  # multiplies the LR schedule: 1 / batch_divisor unless --lr_scale is given
+    lr_scale_from: str  # 'batch_divisor' (the linear scaling rule) or 'flag' (--lr_scale)
     # --- communication ---
     algorithm: str
     engine: str
@@ -81,7 +82,8 @@ def define_flags():
     d.DEFINE_string("lr_config", None, "override the experiment's LR configuration: A or B")
     d.DEFINE_float("label_smoothing", None, "override the experiment's label smoothing (0.1 = on)")
     d.DEFINE_float("epochs", PAPER_EPOCHS, "run length in epochs; phases scale with it")
-    d.DEFINE_integer("batch_divisor", 1, "divide every total batch of the table (scaled-down runs)")
+    d.DEFINE_integer("batch_divisor", 1, "divide every total batch of the table, and the LR "
+                     "schedule with it (the linear scaling rule), for scaled-down runs")
     d.DEFINE_integer("max_micro_batch", None, "largest per-worker forward pass; more accumulates")
     d.DEFINE_string("batch_schedule", None, "replace the experiment's total batches: "
                     "TOTAL@START_PAPER_EPOCH,... e.g. 512@0,1024@30 (divided by --batch_divisor)")
@@ -106,7 +108,8 @@ def define_flags():
     d.DEFINE_float("lars_epsilon", 1e-6, "LARS epsilon (paper: 1e-6)")
     d.DEFINE_float("weight_decay", 5e-5, "L2 weight decay, not on BN or bias (paper: unstated)")
     d.DEFINE_integer("reference_batch", 32768, "total batch at which momentum is 0.9 (config B)")
-    d.DEFINE_float("lr_scale", 1.0, "multiply the LR schedule (1.0: the paper's values)")
+    d.DEFINE_float("lr_scale", None, "multiply the LR schedule; default 1 / --batch_divisor "
+                   "(the paper's values at the paper's batches)")
     d.DEFINE_enum("algorithm", "torus", ["torus", "ring", "hierarchical"], "gradient all-reduce")
     d.DEFINE_enum("engine", "horovod", ["horovod", "tf"],
                   "collectives under the all-reduce: Horovod process sets, or TensorFlow's own "
@@ -174,7 +177,7 @@ def resolve(fv=None) -> TrainConfig:
         (fv.trust_coefficient > 0, f"--trust_coefficient must be > 0"),
         (fv.weight_decay >= 0, f"--weight_decay must be >= 0"),
         (fv.reference_batch >= 1, f"--reference_batch must be >= 1"),
-        (fv.lr_scale > 0, f"--lr_scale must be > 0"),
+        (fv.lr_scale is None or fv.lr_scale > 0, f"--lr_scale must be > 0, got {fv.lr_scale}"),
         (fv.fusion_threshold_mb >= 0, f"--fusion_threshold_mb must be >= 0"),
         (fv.bn_stat_batches >= 1, f"--bn_stat_batches must be >= 1"),
         (fv.eval_every > 0, f"--eval_every must be positive"),
@@ -192,6 +195,11 @@ def resolve(fv=None) -> TrainConfig:
     for ok, message in checks:
         if not ok:
             raise ValueError(message)
+    # The scale-down rule: a run whose total batches are the paper's divided by D takes the
+    # paper's LRs divided by D too (Goyal et al.'s linear scaling, which the paper's LRs were
+    # set by), so every variable LARS leaves unadapted (BN, biases) steps as it would at the
+    # paper's batch. Momentum follows the divided batches through the divided reference batch.
+    lr_scale = 1.0 / fv.batch_divisor if fv.lr_scale is None else fv.lr_scale
     if str(fv.grid).strip().lower() not in ("auto", "paper"):
         from tftorus.grid import grid_shape  # here: importing tftorus starts TensorFlow
         grid_shape(fv.grid)  # malformed: now; whether it fits the world: at tftorus.init()
@@ -205,7 +213,8 @@ def resolve(fv=None) -> TrainConfig:
         min_crop_area=fv.min_crop_area, depth=fv.depth, width=fv.width,
         small_inputs=fv.small_inputs, precision=fv.precision,
         trust_coefficient=fv.trust_coefficient, lars_epsilon=fv.lars_epsilon,
-        weight_decay=fv.weight_decay, reference_batch=fv.reference_batch, lr_scale=fv.lr_scale,
+        weight_decay=fv.weight_decay, reference_batch=fv.reference_batch, lr_scale=lr_scale,
+        lr_scale_from="batch_divisor" if fv.lr_scale is None else "flag",
         algorithm=fv.algorithm, engine=fv.engine,
         collective_timeout=fv.collective_timeout, heartbeat_timeout=fv.heartbeat_timeout,
         stall_timeout=fv.stall_timeout, grid=fv.grid, compression=fv.compression,

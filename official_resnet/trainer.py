@@ -124,11 +124,13 @@ class Trainer:
         watchdog.progress(what, self._phase, round(self.epoch(), 4), int(self.steps.numpy()),
                           shared=shared)
 
-    def evaluate(self, train_iterator) -> float:
+    def evaluate(self, train_iterator, plan: PhasePlan) -> float:
         self._progress("BN statistics")
         batches = [next(train_iterator) for _ in range(self.bn_stat_batches)]
         self.batches_in_phase += self.bn_stat_batches
-        self.recompute_bn(self.model, [b[0] for b in batches], self.world.allreduce_sum)
+        # In the phase's micro-batches: training normalised over those, not the whole batch
+        micro = [m for images, _ in batches for m in tf.split(images, plan.accumulation)]
+        self.recompute_bn(self.model, micro, self.world.allreduce_sum)
         correct = total = 0.0
         self._progress("evaluation")
         for images, labels in self.make_eval_data():
@@ -206,7 +208,7 @@ class Trainer:
                 done = self.epoch() >= end_epoch - 1e-9 or (
                     self.max_steps and int(self.steps.numpy()) >= self.max_steps)
                 if self.epoch() >= next_eval - 1e-9 or done:
-                    log.top1 = self.evaluate(iterator)
+                    log.top1 = self.evaluate(iterator, plan)
                     while next_eval <= self.epoch() + 1e-9:
                         next_eval += self.eval_every
                 self._end_epoch(log)

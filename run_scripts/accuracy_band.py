@@ -13,11 +13,14 @@ main job) with one seed, so the arms differ only in how the same total batch is 
 
 A seed fixes the initial weights; the data order and augmentation also depend on how the data
 is sharded, so np4 and np1 with one seed see different orders. The spread over seeds is the
-band a single run falls in. Each run's directory (runs/accuracy_band/<arm>_seed<k>) keeps its
+band a single run falls in. Per arm it also prints how far the worst run's final top-1 fell
+below its best epoch, and the largest ratio of last to first epoch's training loss (a run that
+ends past its best, or whose loss rose, shows there). Each run's directory (runs/accuracy_band/<arm>_seed<k>) keeps its
 log, history.jsonl and summary.json; the table goes to runs/accuracy_band/results.csv.
 """
 import argparse
 import csv
+import json
 import os
 import statistics
 import sys
@@ -43,15 +46,24 @@ def parse_args(argv=None):
 
 
 def run_one(arm: str, seed: int, args) -> dict:
+    """One run's row: final and best top-1 and the first and last epoch's training loss."""
     workers, arm_flags = ARMS[arm]
+    model_dir = os.path.join(args.out, f"{arm}_seed{seed}")
     summary, seconds = train_once(
-        os.path.join(args.out, f"{arm}_seed{seed}"), workers,
+        model_dir, workers,
         ["--exp=2", "--flagfile=run_scripts/embedded.flags", f"--seed={seed}", *arm_flags,
          *args.train_flags], args.timeout, f"{arm} seed {seed}")
+    with open(os.path.join(model_dir, "history.jsonl")) as f:
+        history = [json.loads(line) for line in f if line.strip()]
+    evaluated = [h["top1"] for h in history if h.get("top1") is not None]
+    row = {"arm": arm, "seed": seed, "top1": summary["top1_1crop"], "best_top1": max(evaluated),
+           "first_loss": history[0]["loss"], "last_loss": history[-1]["loss"],
+           "train_seconds": summary["seconds"]}
     if seconds is not None:
-        print(f"  {arm:9s} seed {seed}: top-1 {summary['top1_1crop']:.2f}% "
+        print(f"  {arm:9s} seed {seed}: top-1 {row['top1']:.2f}% (best epoch "
+              f"{row['best_top1']:.2f}%), loss {row['first_loss']:.3f} -> {row['last_loss']:.3f} "
               f"({seconds:.0f} s wall-clock)", flush=True)
-    return summary
+    return row
 
 
 def main(argv=None):
@@ -59,23 +71,25 @@ def main(argv=None):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     print(f"{len(args.arms)} arms x {len(args.seeds)} seeds of the main job; runs in {args.out}",
           flush=True)
-    rows = []
-    for seed in args.seeds:  # seed-major: a partial sweep still compares every arm
-        for arm in args.arms:
-            summary = run_one(arm, seed, args)
-            rows.append({"arm": arm, "seed": seed, "top1": summary["top1_1crop"],
-                         "train_seconds": summary["seconds"]})
+    # seed-major: a partial sweep still compares every arm
+    rows = [run_one(arm, seed, args) for seed in args.seeds for arm in args.arms]
     with open(os.path.join(args.out, "results.csv"), "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
 
     print(f"\n{'arm':10s} {'seeds':>5s} {'top-1 mean':>10s} {'min':>7s} {'max':>7s} "
-          f"{'per seed':30s}")
+          f"{'final - best':>12s} {'last/first loss':>15s}  per seed")
     for arm in args.arms:
-        top1 = [r["top1"] for r in rows if r["arm"] == arm]
+        mine = [r for r in rows if r["arm"] == arm]
+        top1 = [r["top1"] for r in mine]
+        below_best = max(r["best_top1"] - r["top1"] for r in mine)  # the worst run's
+        loss_ratio = max(r["last_loss"] / r["first_loss"] for r in mine)
         print(f"{arm:10s} {len(top1):5d} {statistics.mean(top1):9.2f}% {min(top1):6.2f}% "
-              f"{max(top1):6.2f}%  " + ", ".join(f"{t:.2f}" for t in top1))
+              f"{max(top1):6.2f}% {-below_best:+11.2f}  {loss_ratio:14.3f}   "
+              + ", ".join(f"{t:.2f}" for t in top1))
+    print("final - best: the largest drop of a run's final top-1 below its best epoch; "
+          "last/first loss: the largest ratio of a run's last epoch's training loss to its first")
 
 
 if __name__ == "__main__":

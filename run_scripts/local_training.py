@@ -16,10 +16,11 @@ VENV_BIN = os.path.dirname(sys.executable)
 
 
 def train_once(model_dir: str, workers: int, train_flags: List[str], timeout: float,
-               label: str) -> Tuple[Dict, Optional[float]]:
-    """train.py with `train_flags` (plus --model_dir) on `workers` local processes; its output
-    goes to model_dir/log.txt. Returns (summary.json, wall-clock seconds, None if it had
-    finished before). A failed run stops the study with the log's path."""
+               label: str, env: Optional[Dict[str, str]] = None) -> Tuple[Dict, Optional[float]]:
+    """train.py with `train_flags` (plus --model_dir) on `workers` local processes, with `env`
+    added to the environment; its output goes to model_dir/log.txt. Returns (summary.json,
+    wall-clock seconds, None if it had finished before). A failed run stops the study with the
+    log's path."""
     summary_path = os.path.join(model_dir, "summary.json")
     seconds = None
     if not os.path.exists(summary_path):
@@ -30,7 +31,7 @@ def train_once(model_dir: str, workers: int, train_flags: List[str], timeout: fl
         start = time.time()
         with open(os.path.join(model_dir, "log.txt"), "w") as log:
             proc = subprocess.run(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                                  timeout=timeout)
+                                  timeout=timeout, env={**os.environ, **(env or {})})
         if proc.returncode != 0 or not os.path.exists(summary_path):
             raise SystemExit(f"{label} failed (exit {proc.returncode}); see "
                              f"{os.path.join(model_dir, 'log.txt')}")

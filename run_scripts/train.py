@@ -76,6 +76,16 @@ USER_ERRORS = (ValueError, FileNotFoundError, tftorus.GridError, NonFiniteLossEr
 logger = logging.getLogger("train")
 
 
+def make_schedule(config) -> Schedule:
+    """The run's LR and momentum schedule. The LR is the paper's times config.lr_scale (1/D for
+    batches divided by D); the momentum rule compares the total batch with the paper's 32K, and
+    a scaled-down run divides both by D, so momentum keeps the paper's values."""
+    return Schedule(config.lr_config, total_epochs=config.epochs, lr_scale=config.lr_scale,
+                    reference_batch=config.reference_batch / config.batch_divisor,
+                    lr_params=lr_overrides(config.lr_config, config.epochs, config.base_lr,
+                                           config.warmup_epochs))
+
+
 def check_writable(model_dir: str) -> None:
     """Fail before any work when rank 0 cannot write its checkpoints and logs."""
     try:
@@ -174,12 +184,7 @@ def main(argv):
                 exclude_from_layer_adaptation=[".*"] if config.optimizer == "sgd" else None)
     optimizer = (tf.keras.mixed_precision.LossScaleOptimizer(lars)
                  if config.precision == "mixed_float16" else lars)
-    # The momentum rule compares the total batch with the paper's 32K; a scaled-down run divides
-    # both by the same factor so momentum keeps the paper's values.
-    schedule = Schedule(config.lr_config, total_epochs=config.epochs, lr_scale=config.lr_scale,
-                        reference_batch=config.reference_batch / config.batch_divisor,
-                        lr_params=lr_overrides(config.lr_config, config.epochs,
-                                               config.base_lr, config.warmup_epochs))
+    schedule = make_schedule(config)
     compression = {"none": tftorus.Compression.none, "fp16": tftorus.Compression.fp16,
                    "bf16": tftorus.Compression.bf16}[config.compression]
     reduce_fn = tftorus.gradient_reducer(
@@ -198,6 +203,12 @@ def main(argv):
         logger.info("%s on %d worker(s), torus grid %s, data: %d train / %d validation images, "
                     "%d classes", experiment.name, size, tftorus.context.default_grid(),
                     info.train_examples, info.validation_examples, info.num_classes)
+        logger.info("LR schedule x %.6g of the paper's (%s); momentum reference batch %g",
+                    config.lr_scale,
+                    f"1/{config.batch_divisor}: the batches are divided by --batch_divisor="
+                    f"{config.batch_divisor} (linear scaling rule)"
+                    if config.lr_scale_from == "batch_divisor" else "--lr_scale",
+                    config.reference_batch / config.batch_divisor)
         if not existing_run:  # a resumed run keeps the config.json it started with
             checkpointing.write_json_atomic(os.path.join(config.model_dir, "config.json"),
                                             config.to_json())
@@ -250,6 +261,7 @@ def main(argv):
         summary = {
             "experiment": experiment.name, "workers": size, "grid": str(tftorus.context.default_grid()),
             "top1_1crop": final.top1, "seconds": final.elapsed, "epochs": final.epoch,
+            "steps": int(trainer.steps.numpy()),  # optimizer steps
             "images_per_sec": sum(rates) / len(rates),
             "paper_top1": experiment.paper_top1, "paper_seconds": experiment.paper_seconds,
         }

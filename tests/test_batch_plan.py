@@ -117,6 +117,23 @@ class FlagsTest(tf.test.TestCase):
             with self.assertRaisesRegex(ValueError, "--epochs must be positive"):
                 flag_config.resolve()
 
+    def test_batch_divisor_divides_the_lr_unless_lr_scale_is_given(self):
+        """The scale-down rule: batches / D -> LR schedule / D; --lr_scale overrides it."""
+        flag_config.define_flags()
+        absl_flags.FLAGS.mark_as_parsed()
+        with flagsaver.flagsaver(exp="2"):
+            config = flag_config.resolve()
+            self.assertEqual((config.lr_scale, config.lr_scale_from), (1.0, "batch_divisor"))
+        with flagsaver.flagsaver(exp="2", batch_divisor=256):
+            config = flag_config.resolve()
+            self.assertEqual((config.lr_scale, config.lr_scale_from), (1 / 256, "batch_divisor"))
+        with flagsaver.flagsaver(exp="2", batch_divisor=256, lr_scale=0.5):
+            config = flag_config.resolve()
+            self.assertEqual((config.lr_scale, config.lr_scale_from), (0.5, "flag"))
+        with flagsaver.flagsaver(exp="2", lr_scale=0.0):
+            with self.assertRaisesRegex(ValueError, "--lr_scale must be > 0"):
+                flag_config.resolve()
+
 
 if __name__ == "__main__":
     tf.test.main()

@@ -198,3 +198,42 @@ class RecomputeBNStatisticsTest(tf.test.TestCase):
 
 if __name__ == "__main__":
     tf.test.main()
+
+
+class TrainerMicroBatchTest(tf.test.TestCase):
+
+    def test_trainer_recomputes_over_the_phases_micro_batches(self):
+        """A step that accumulates k micro-batches normalises each alone in training; the
+        statistics before an evaluation come from micro-batches of the same size."""
+        import os
+        import tempfile
+        from official_resnet.batch_plan import PhasePlan
+        from official_resnet.lars import LARS
+        from official_resnet.schedules import Schedule
+        from official_resnet.train_step import TrainStep, make_eval_step
+        from official_resnet.trainer import Trainer, World
+        from tests import test_nonfinite as one_worker  # its small BN model and batches
+
+        seen = []
+
+        def recompute(model, batches, allreduce_sum):
+            seen.extend(int(b.shape[0]) for b in batches)
+            return recompute_bn_statistics(model, batches, allreduce_sum)
+
+        model = one_worker.small_model()
+        lars = LARS(learning_rate=0.0, momentum=0.9)
+        batches = [one_worker.batch(i) for i in range(4)]  # 2 steps + 1 BN batch (+1 spare)
+        data = (tf.stack([b[0] for b in batches]), tf.stack([b[1] for b in batches]))
+        plan = PhasePlan(index=0, start_epoch=0.0, end_epoch=1.0, total_batch=8,
+                         per_worker_batch=8, accumulation=2, micro_batch=4, steps_per_epoch=2)
+        with tempfile.TemporaryDirectory() as model_dir:
+            Trainer(model=model, optimizer=lars, lars=lars,
+                    train_step=TrainStep(model, lars, one_worker.identity_reduce, 4, 0.0),
+                    eval_step=make_eval_step(model), plans=[plan],
+                    schedule=Schedule("B", total_epochs=1.0, lr_scale=0.01, reference_batch=8),
+                    make_train_data=lambda plan: tf.data.Dataset.from_tensor_slices(data),
+                    make_eval_data=lambda: tf.data.Dataset.from_tensor_slices(
+                        one_worker.batch(9)).batch(8),
+                    recompute_bn=recompute, dataset_size=16, world=World(),
+                    model_dir=os.path.join(model_dir, "run"), bn_stat_batches=1).run()
+        self.assertEqual(seen, [4, 4])  # one training batch of 8, as its 2 micro-batches

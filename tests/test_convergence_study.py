@@ -1,6 +1,6 @@
 """The convergence study's arms resolve to what docs/convergence.md says, and its report works.
 
-The study itself (run_scripts/convergence_study.py, ~25 min) is not run here.
+The study itself (run_scripts/convergence_study.py, ~27 min) is not run here.
 """
 import importlib.util
 import os
@@ -15,61 +15,85 @@ from flags import config as flag_config
 from flags.experiments import get_experiment, with_batch_schedule
 from official_resnet import batch_plan
 from official_resnet.lars import LARS
-from official_resnet.schedules import Schedule, lr_overrides
+from official_resnet.schedules import lr_config_b, lr_overrides
 from tests import harness
 
-spec = importlib.util.spec_from_file_location(
-    "convergence_study", os.path.join(harness.ROOT, "run_scripts", "convergence_study.py"))
-study = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(study)
 
-EPOCHS, WORKERS, DATASET = 8.0, 2, 9600
+def load(name, path):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(harness.ROOT, *path))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+study = load("convergence_study", ("run_scripts", "convergence_study.py"))
+train = load("train_script", ("run_scripts", "train.py"))
+
+EPOCHS, DATASET, SMALL = 12.0, 10000, 16
 
 
 def resolve_arm(arm):
-    """(config, plans, schedule) train.py would build for the arm."""
+    """(config, plans, schedule) train.py builds for the arm: embedded.flags' batch divisor,
+    then the study's flags, on one worker."""
     flag_config.define_flags()
     absl_flags.FLAGS.mark_as_parsed()
     with flagsaver.flagsaver():
-        for item in ["--batch_divisor=1", f"--epochs={EPOCHS}"] + study.arm_flags(arm, 32):
-            name, value = item[2:].split("=", 1)
-            absl_flags.FLAGS[name].parse(value)
+        absl_flags.FLAGS(["train.py", "--batch_divisor=256", f"--epochs={EPOCHS}",
+                          *study.MODEL_FLAGS, *study.arm_flags(arm, SMALL)])
         config = flag_config.resolve()
-    experiment = with_batch_schedule(get_experiment(config.exp), config.batch_schedule)
-    plans = batch_plan.plan_phases(experiment, world_size=WORKERS, dataset_size=DATASET,
-                                   epochs=config.epochs, batch_divisor=config.batch_divisor)
-    schedule = Schedule(config.lr_config, total_epochs=config.epochs,
-                        reference_batch=config.reference_batch / config.batch_divisor,
-                        lr_params=lr_overrides(config.lr_config, config.epochs, config.base_lr,
-                                               config.warmup_epochs))
-    return config, plans, schedule
+    experiment = get_experiment(config.exp)
+    if config.batch_schedule:
+        experiment = with_batch_schedule(experiment, config.batch_schedule)
+    plans = batch_plan.plan_phases(experiment, world_size=1, dataset_size=DATASET,
+                                   epochs=config.epochs, batch_divisor=config.batch_divisor,
+                                   max_micro_batch=config.max_micro_batch)
+    return config, plans, train.make_schedule(config)
 
 
 class ArmsTest(tf.test.TestCase):
 
     def test_sgd_arms_scale_the_lr_linearly_without_warmup(self):
         (ca, pa, sa), (cb, pb, sb) = resolve_arm("a"), resolve_arm("b")
-        self.assertEqual([p.total_batch for p in pa], [32])
-        self.assertEqual([p.total_batch for p in pb], [1024])
+        self.assertEqual([p.total_batch for p in pa], [SMALL])
+        self.assertEqual([p.total_batch for p in pb], [32 * SMALL])
         for config in (ca, cb):
             self.assertEqual((config.optimizer, config.label_smoothing), ("sgd", 0.0))
-        self.assertAlmostEqual(sa.lr(0.0), 0.1 * 32 / 256)  # no warm-up: the peak at once
+            self.assertEqual(config.lr_scale, 1.0)  # --base_lr is already this batch's LR
+        self.assertAlmostEqual(sa.lr(0.0), 0.1 * SMALL / 256)  # no warm-up: the peak at once
         self.assertAlmostEqual(sb.lr(0.0), 32 * sa.lr(0.0))
         self.assertAlmostEqual(sb.lr(4.0), 32 * sa.lr(4.0))  # the same decay shape
         self.assertEqual(sa.lr(EPOCHS), 0.0)
-        self.assertEqual((sa.momentum(1.0, 32), sb.momentum(1.0, 1024)), (0.9, 0.9))
+        self.assertEqual((sa.momentum(1.0, SMALL), sb.momentum(1.0, 32 * SMALL)), (0.9, 0.9))
 
-    def test_recipe_arms_use_lars_warmup_smoothing_and_batch_control(self):
+    def test_recipe_arms_are_exp2_with_the_scale_down_rule(self):
         (cc, pc, sc), (cd, pd, sd) = resolve_arm("c"), resolve_arm("d")
         for config in (cc, cd):
             self.assertEqual((config.optimizer, config.lr_config, config.label_smoothing),
                              ("lars", "B", 0.1))
-        self.assertEqual([p.total_batch for p in pc], [1024])
-        self.assertEqual([p.total_batch for p in pd], [512, 1024])
+            self.assertEqual((config.batch_divisor, config.lr_scale_from), (108, "batch_divisor"))
+        self.assertEqual([p.total_batch for p in pc], [512, 512])  # Exp. 2's two phases
+        self.assertEqual([p.total_batch for p in pd], [256, 512])
         self.assertAlmostEqual(pd[1].start_epoch, EPOCHS * 30 / 90)
-        self.assertLess(sc.lr(0.0), sc.lr(EPOCHS * 5 / 90 - 0.01))  # warming up
-        # momentum as Exp. 2's 54K has it against 32K
-        self.assertAlmostEqual(sc.momentum(1.0, 1024), 1 - 0.1 * 32768 / 55296, places=3)
+        for epoch in (0.0, 0.3, 2.0, 5.0, 11.0):  # configuration B, LRs divided as the batch
+            paper_epoch = epoch * 90 / EPOCHS
+            self.assertAlmostEqual(sc.lr(epoch), lr_config_b(paper_epoch) * 512 / 55296)
+            self.assertAlmostEqual(sd.lr(epoch), sc.lr(epoch))
+        # momentum as Exp. 2's 54K has it against 32K, and lower at half the batch
+        self.assertAlmostEqual(sc.momentum(1.0, 512), 1 - 0.1 * 32768 / 55296, places=6)
+        self.assertAlmostEqual(sd.momentum(1.0, 256), 1 - 0.2 * 32768 / 55296, places=6)
+
+    def test_every_arm_normalises_over_the_same_micro_batch_and_bn_images(self):
+        for arm in "abcd":
+            config, plans, _ = resolve_arm(arm)
+            self.assertEqual({p.micro_batch for p in plans}, {SMALL}, arm)
+            self.assertEqual(config.bn_stat_batches * max(p.per_worker_batch for p in plans),
+                             study.BN_STAT_IMAGES, arm)
+            self.assertEqual((config.image_size, config.small_inputs, config.width),
+                             (64, False, 8), arm)
+
+    def test_a_large_batch_that_does_not_divide_exp2s_is_refused(self):
+        with self.assertRaisesRegex(ValueError, "must divide Exp. 2's 55296"):
+            study.arm_flags("c", 24)
 
     def test_bad_batch_schedules_name_the_fix(self):
         for bad in ("512@5", "x@0", "512@0,256@95", "512@0,256@0", "0@0", "512@0,256@7.5"):
@@ -104,11 +128,14 @@ class ReportTest(tf.test.TestCase):
 
     def test_table_and_plot_from_histories(self):
         rows = [{"arm": arm, "seed": seed, "top1": 50.0 + i + seed, "train_seconds": 100.0,
+                 "steps": 228 + seed if arm == "d" else 228,
                  "curve": [(e, 20.0 + 5 * e + i) for e in (1.0, 2.0, 3.0)]}
                 for i, arm in enumerate("abcd") for seed in (0, 1)]
         text = study.table(rows, list("abcd"))
         self.assertEqual(len(text.splitlines()), 6)
-        self.assertIn("| b | large-batch SGD, linear LR | 2 | 51.50 | 51.00-52.00 | +1.00 |", text)
+        self.assertIn("| b | large-batch SGD, linear LR | 2 | 228 | 51.50 | 51.00-52.00 | +1.00 |",
+                      text)
+        self.assertIn("| d | paper recipe + batch control | 2 | 228-229 | 53.50 |", text)
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "plot.png")
             study.plot(rows, list("abcd"), path, "synthetic")
