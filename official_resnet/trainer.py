@@ -96,6 +96,7 @@ class Trainer:
                                               samples_seen=self.samples_seen, steps=self.steps)
         self.history: List[EpochLog] = []
         self._phase = None  # 1-based phase in progress (for the watchdog's messages)
+        self._step_fns = {}  # traced train steps by accumulation
         # Checkpoints and resume (official_resnet/checkpointing.py): the writer (rank 0), the
         # run's constants for state.json, and the input position: per-worker batches this worker
         # took from the current phase's (deterministic) dataset, training steps plus BN batches.
@@ -153,7 +154,9 @@ class Trainer:
                 continue  # resumed past this phase
             self._phase = plan.index + 1
             self._progress("phase set-up")
-            step_fn = self.train_step.build(plan.accumulation)
+            if plan.accumulation not in self._step_fns:  # phases alike in it share a trace
+                self._step_fns[plan.accumulation] = self.train_step.build(plan.accumulation)
+            step_fn = self._step_fns[plan.accumulation]
             skip = 0
             if self._resume_position and self._resume_position[0] == plan.index:
                 skip = self._resume_position[1]  # resumed inside this phase

@@ -19,6 +19,8 @@ the LR is linear in the total batch, never tuned per arm.
                         the LR divided as the batch is (train.py's scale-down rule)
   d  + batch control    (c) with half the batch for the first third of the epochs, then 32 S
                         (Table 3's switch at epoch 30 of 90, as Exp. 1 and 4 double the batch)
+  e  small-batch recipe (c) at total batch S (not run by default): separates what the recipe
+                        does at any batch from what it does for a large one
 
 Runs go to runs/convergence/<arm>_seed<k> (log.txt, history.jsonl, summary.json); a finished
 run is not repeated. The table goes to runs/convergence/results.csv and the plot of validation
@@ -46,13 +48,16 @@ MODEL_FLAGS = ["--image_size=64", "--nosmall_inputs", "--width=8"]
 BN_STAT_IMAGES = 2560  # images for the BN statistics before each evaluation, in every arm
 
 ARM_NAMES = {"a": "small-batch SGD", "b": "large-batch SGD, linear LR",
-             "c": "large batch, paper recipe", "d": "paper recipe + batch control"}
+             "c": "large batch, paper recipe", "d": "paper recipe + batch control",
+             "e": "small batch, paper recipe"}
+DEFAULT_ARMS = ["a", "b", "c", "d"]
 
 
 def arm_batches(arm: str, small_batch: int) -> List[int]:
     """The total batches an arm trains with, in order."""
     large = SCALE * small_batch
-    return {"a": [small_batch], "b": [large], "c": [large], "d": [large // 2, large]}[arm]
+    return {"a": [small_batch], "b": [large], "c": [large], "d": [large // 2, large],
+            "e": [small_batch]}[arm]
 
 
 def arm_flags(arm: str, small_batch: int, workers: int = 1) -> List[str]:
@@ -60,18 +65,17 @@ def arm_flags(arm: str, small_batch: int, workers: int = 1) -> List[str]:
     the docstring."""
     if arm not in ARM_NAMES:
         raise ValueError(f"unknown arm {arm!r}; choose from {sorted(ARM_NAMES)}")
-    large = SCALE * small_batch
+    batch = max(arm_batches(arm, small_batch))
     common = [f"--max_micro_batch={small_batch // workers}",
-              f"--bn_stat_batches={max(1, BN_STAT_IMAGES * workers // max(arm_batches(arm, small_batch)))}"]
+              f"--bn_stat_batches={max(1, BN_STAT_IMAGES * workers // batch)}"]
     if arm in ("a", "b"):
-        batch = small_batch if arm == "a" else large
         return common + ["--exp=ref", f"--batch_schedule={batch}@0", "--batch_divisor=1",
                          "--optimizer=sgd", "--lr_config=A", f"--base_lr={0.1 * batch / 256:g}",
                          "--warmup_epochs=0", "--label_smoothing=0"]
-    if PAPER_EXP2_BATCH % large:
-        raise ValueError(f"the large batch {large} must divide Exp. 2's {PAPER_EXP2_BATCH} "
+    if PAPER_EXP2_BATCH % batch:
+        raise ValueError(f"the batch {batch} must divide Exp. 2's {PAPER_EXP2_BATCH} "
                          f"(--small-batch 8, 16 or 32 do)")
-    flags = common + ["--exp=2", f"--batch_divisor={PAPER_EXP2_BATCH // large}",
+    flags = common + ["--exp=2", f"--batch_divisor={PAPER_EXP2_BATCH // batch}",
                       "--optimizer=lars"]
     if arm == "d":
         flags.append(f"--batch_schedule={PAPER_EXP2_BATCH // 2}@0,{PAPER_EXP2_BATCH}@30")
@@ -80,7 +84,7 @@ def arm_flags(arm: str, small_batch: int, workers: int = 1) -> List[str]:
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--arms", nargs="+", default=list(ARM_NAMES), choices=list(ARM_NAMES))
+    p.add_argument("--arms", nargs="+", default=DEFAULT_ARMS, choices=list(ARM_NAMES))
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--epochs", type=float, default=12.0)
     p.add_argument("--small-batch", type=int, default=16,
@@ -166,8 +170,8 @@ def main(argv=None):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     os.makedirs(args.out, exist_ok=True)
     print(f"{len(args.arms)} arms x {len(args.seeds)} seeds, {args.epochs:g} epochs, "
-          f"{args.workers} workers, batches {args.small_batch} and {SCALE * args.small_batch}; "
-          f"runs in {args.out}", flush=True)
+          f"{args.workers} worker(s) per run, {args.parallel} run(s) at once, batches "
+          f"{args.small_batch} and {SCALE * args.small_batch}; runs in {args.out}", flush=True)
     start = time.time()
     runs = [(arm, seed) for seed in args.seeds for arm in args.arms]  # seed-major
     with concurrent.futures.ThreadPoolExecutor(args.parallel) as pool:
@@ -177,8 +181,9 @@ def main(argv=None):
         writer.writeheader()
         writer.writerows({k: r[k] for k in writer.fieldnames} for r in rows)
     png = os.path.join(args.out, "convergence.png")
-    plot(rows, args.arms, png, f"Embedded data, {args.epochs:g} epochs, {args.workers} workers, "
-         f"batch {args.small_batch} vs {SCALE * args.small_batch}, seeds {args.seeds}")
+    plot(rows, args.arms, png, f"Embedded data, ResNet-14 w8 at 64 px, {args.epochs:g} epochs\n"
+         f"batch {args.small_batch} vs {SCALE * args.small_batch} (micro-batches of "
+         f"{args.small_batch // args.workers}), seeds {', '.join(map(str, args.seeds))}")
     print("\n" + table(rows, args.arms))
     print(f"\nwall-clock {time.time() - start:.0f} s; plot {png}; table "
           f"{os.path.join(args.out, 'results.csv')}")

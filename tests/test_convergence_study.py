@@ -83,7 +83,7 @@ class ArmsTest(tf.test.TestCase):
         self.assertAlmostEqual(sd.momentum(1.0, 256), 1 - 0.2 * 32768 / 55296, places=6)
 
     def test_every_arm_normalises_over_the_same_micro_batch_and_bn_images(self):
-        for arm in "abcd":
+        for arm in "abcde":
             config, plans, _ = resolve_arm(arm)
             self.assertEqual({p.micro_batch for p in plans}, {SMALL}, arm)
             self.assertEqual(config.bn_stat_batches * max(p.per_worker_batch for p in plans),
@@ -91,9 +91,19 @@ class ArmsTest(tf.test.TestCase):
             self.assertEqual((config.image_size, config.small_inputs, config.width),
                              (64, False, 8), arm)
 
-    def test_a_large_batch_that_does_not_divide_exp2s_is_refused(self):
-        with self.assertRaisesRegex(ValueError, "must divide Exp. 2's 55296"):
-            study.arm_flags("c", 24)
+    def test_small_batch_recipe_arm_is_exp2_at_the_small_batch(self):
+        (cc, _, sc), (ce, pe, se) = resolve_arm("c"), resolve_arm("e")
+        self.assertEqual([p.total_batch for p in pe], [SMALL, SMALL])
+        self.assertEqual((ce.optimizer, ce.lr_config, ce.label_smoothing, ce.batch_divisor),
+                         ("lars", "B", 0.1, 55296 // SMALL))
+        for epoch in (0.0, 2.0, 11.0):  # the same rule: 32x smaller batch, 32x smaller LR
+            self.assertAlmostEqual(se.lr(epoch), sc.lr(epoch) / 32)
+        self.assertAlmostEqual(se.momentum(1.0, SMALL), sc.momentum(1.0, 32 * SMALL))
+        self.assertNotIn("e", study.DEFAULT_ARMS)  # a diagnostic arm, run on request
+
+    def test_a_batch_that_does_not_divide_exp2s_is_refused(self):
+        with self.assertRaisesRegex(ValueError, "the batch 640 must divide Exp. 2's 55296"):
+            study.arm_flags("c", 20)
 
     def test_bad_batch_schedules_name_the_fix(self):
         for bad in ("512@5", "x@0", "512@0,256@95", "512@0,256@0", "0@0", "512@0,256@7.5"):
