@@ -100,7 +100,8 @@ class ResumeRunsTest(harness.EmbeddedDataCase, tf.test.TestCase):
         for h in after:
             self.assertAlmostEqual(h["momentum"], 0.95, places=4)
         # each logged LR is the schedule's at its epoch's last step (samples keyed)
-        schedule = Schedule(get_experiment("3").lr_config, total_epochs=3.0, lr_scale=1.0,
+        # embedded.flags: batches / 256, so LRs / 256 (the scale-down rule)
+        schedule = Schedule(get_experiment("3").lr_config, total_epochs=3.0, lr_scale=1 / 256,
                             reference_batch=32768 / 256)
         for h in after:
             samples = round(h["epoch"] * SPEC.num_train) - h["total_batch"]
