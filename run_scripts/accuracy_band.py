@@ -1,6 +1,6 @@
 """Accuracy band of the main job: the same run on 4 workers and on 1 process, over several seeds.
 
-    .venv/bin/python run_scripts/accuracy_band.py                   # 3 seeds x 3 arms, ~30 min
+    .venv/bin/python run_scripts/accuracy_band.py                   # 3 seeds x 3 arms, ~17 min
     .venv/bin/python run_scripts/accuracy_band.py --seeds 0 --arms np4 np1
 
 Every arm runs `run_scripts/train.py --exp=2 --flagfile=run_scripts/embedded.flags` (the README's
