@@ -42,8 +42,8 @@ from local_training import REPO, train_once  # noqa: E402
 SCALE = 32  # large batch / small batch (the paper's 32K is 32x Goyal et al.'s 1K)
 PAPER_EXP2_BATCH = 55296  # Exp. 2's 54K: the batch its LRs were set for
 # The study's model: the main job's ResNet-14 with the ImageNet stem at the data's own 64 px
-# (conv2 at 16 x 16, as 224 px reaches 56 x 56) and width 8. It trains 3x the images per second
-# of the main job's 32 px layout, which the large arms need to take hundreds of steps.
+# (conv2 at 16 x 16, as 224 px reaches 56 x 56) and width 8. It trains about 2.5x the images per
+# core of the main job's 32 px layout, which the large arms need to take hundreds of steps.
 MODEL_FLAGS = ["--image_size=64", "--nosmall_inputs", "--width=8"]
 BN_STAT_IMAGES = 2560  # images for the BN statistics before each evaluation, in every arm
 
