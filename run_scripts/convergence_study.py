@@ -92,8 +92,8 @@ def parse_args(argv=None):
     p.add_argument("--workers", type=int, default=1,
                    help="horovodrun workers per run (1: one process accumulates micro-batches)")
     p.add_argument("--parallel", type=int, default=2,
-                   help="runs at once, sharing the cores (small models run as fast on one "
-                        "thread as on two, so 2 on 2 cores halves the study's time)")
+                   help="runs at once, sharing the cores, each with cores/parallel TensorFlow "
+                        "threads (one small model cannot keep 2 cores busy)")
     p.add_argument("--out", default=os.path.join(REPO, "runs", "convergence"))
     p.add_argument("--timeout", type=float, default=1200, help="seconds per run before it fails")
     p.add_argument("train_flags", nargs="*", help="extra train.py flags, after --")
