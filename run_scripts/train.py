@@ -289,11 +289,13 @@ def run(argv):
         print(f"error: {error}", file=sys.stderr, flush=True)
         sys.exit(2)
     except CollectiveError as error:  # a peer died or stalled: nothing to wait for
-        # who was lost, if the heartbeats know (or learn within their timeout)
+        # who was lost, if the heartbeats know (or learn within their timeout); a lost or
+        # stalled worker is then why the run stops, with the watchdog's status on every rank,
+        # whether its verdict or a peer's closed connection reached this rank first
         verdict = watchdog.verdict_after_failure()
         print(f"error: {error}" + (f" Watchdog: {verdict}." if verdict else ""), file=sys.stderr,
               flush=True)
-        os._exit(3)
+        os._exit(watchdog.EXIT_STATUS if verdict else 3)
 
 
 if __name__ == "__main__":
