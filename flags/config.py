@@ -12,6 +12,7 @@ from typing import Optional
 from absl import flags
 
 from flags.experiments import PAPER_EPOCHS, get_experiment
+from official_resnet.batch_plan import GPUS_PER_PHASE_HELP, phase_workers
 
 EMBEDDED_DATA_DIR = "data/embedded"
 
@@ -26,6 +27,7 @@ class TrainConfig:
     batch_divisor: int  # every total batch of the table is divided by this
     max_micro_batch: Optional[int]  # per-worker cap; above it, gradients accumulate
     batch_schedule: Optional[str]  # 'TOTAL@START,...' replacing the experiment's batches
+    gpus_per_phase: str  # 'fixed', 'paper' or 'W1,W2,...' (official_resnet/batch_plan.py)
     # --- data ---
     data_dir: str
     image_size: int
@@ -87,6 +89,14 @@ def define_flags():
     d.DEFINE_integer("max_micro_batch", None, "largest per-worker forward pass; more accumulates")
     d.DEFINE_string("batch_schedule", None, "replace the experiment's total batches: "
                     "TOTAL@START_PAPER_EPOCH,... e.g. 512@0,1024@30 (divided by --batch_divisor)")
+    d.DEFINE_string("gpus_per_phase", "fixed", "workers per phase: " + GPUS_PER_PHASE_HELP +
+                    ". Phases on other counts than the job's are run by relaunching "
+                    "(run_scripts/run_experiment.py)")
+    d.DEFINE_bool("plan_only", False, "print what the run would do (phases, batches, LR and "
+                  "momentum, grid, input per worker, all-reduce time on the paper's cluster) and "
+                  "exit, without starting Horovod or reading records")
+    d.DEFINE_integer("num_workers", None, "plan mode: the job's number of workers (default: "
+                     "the experiment's GPUs in the paper)")
     d.DEFINE_enum("optimizer", "lars", ["lars", "sgd"],
                   "lars (the paper's), or sgd: momentum SGD, the same update with trust ratio 1")
     d.DEFINE_float("base_lr", None, "peak LR of configuration A (default 34, the paper's)")
@@ -156,7 +166,15 @@ def resolve(fv=None) -> TrainConfig:
     smoothing = experiment.label_smoothing if fv.label_smoothing is None else fv.label_smoothing
     if fv.batch_schedule:
         from flags.experiments import with_batch_schedule
-        with_batch_schedule(experiment, fv.batch_schedule)  # malformed: a clear error now
+        # malformed: a clear error now
+        experiment = with_batch_schedule(experiment, fv.batch_schedule)
+    gpus_per_phase = str(fv.gpus_per_phase).strip().lower().replace(" ", "")
+    if gpus_per_phase == "paper" and fv.batch_schedule:
+        raise ValueError("--gpus_per_phase=paper follows Table 3's GPU counts, which "
+                         "--batch_schedule replaces; give one count per phase instead "
+                         "(--gpus_per_phase=W1,W2,...)")
+    if gpus_per_phase != "fixed":  # malformed or not whole: a clear error now
+        phase_workers(experiment, gpus_per_phase, batch_divisor=max(1, fv.batch_divisor))
     checks = [
         (fv.base_lr is None or fv.base_lr > 0, f"--base_lr must be > 0, got {fv.base_lr}"),
         (fv.base_lr is None or lr_config == "A",
@@ -207,6 +225,7 @@ def resolve(fv=None) -> TrainConfig:
         exp=key if key in ("1", "2", "3", "4") else "ref", lr_config=lr_config,
         label_smoothing=smoothing, epochs=fv.epochs, batch_divisor=fv.batch_divisor,
         max_micro_batch=fv.max_micro_batch, batch_schedule=fv.batch_schedule or None,
+        gpus_per_phase=gpus_per_phase,
         optimizer=fv.optimizer, base_lr=fv.base_lr, warmup_epochs=fv.warmup_epochs,
         data_dir=fv.data_dir, image_size=fv.image_size,
         label_offset=fv.label_offset, num_classes=fv.num_classes, augment=fv.augment,

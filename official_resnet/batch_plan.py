@@ -1,16 +1,21 @@
 """Batch-size control: turn an experiment's phases into what each worker does per phase.
 
-The total batch of each phase is the contract. For a run of W workers over a data set of D
-examples, lasting E epochs (the paper's 90 epochs mapped proportionally onto E), each phase gets
+The total batch of each phase is the contract. Each phase runs on W workers: by default the
+job's own world size in every phase ('fixed': keep W and the total batch, change the per-worker
+batch and accumulate when needed), or Table 3's GPU count of the phase ('paper': the per-worker
+batch of the table, 16 then 32, as the paper ran it), or a list given per phase (`phase_workers`).
+For a data set of D examples and a run of E epochs (the paper's 90 mapped proportionally onto
+E), each phase gets
   per-worker batch  = total / W                        (must divide: a clear error otherwise)
   accumulation      = ceil(per-worker / cap)           (micro-batches per optimizer step)
   micro-batch       = per-worker / accumulation        (must divide as well)
   steps per epoch   = D // total                       (optimizer steps; schedules use samples)
-Scaled-down runs divide every total batch by `batch_divisor` (e.g. 256 on the embedded data).
+Scaled-down runs divide every total batch by `batch_divisor` (e.g. 256 on the embedded data);
+'paper' then divides Table 3's GPU counts by it too, keeping the table's per-worker batches.
 """
 import dataclasses
 import math
-from typing import List, Optional
+from typing import List, Optional, Sequence, Tuple
 
 from flags.experiments import PAPER_EPOCHS, Experiment
 
@@ -22,6 +27,7 @@ class PlanError(ValueError):
 @dataclasses.dataclass(frozen=True)
 class PhasePlan:
     index: int
+    workers: int  # world size the phase runs on
     start_epoch: float  # run epochs [start, end)
     end_epoch: float
     total_batch: int  # examples per optimizer step over all workers
@@ -39,13 +45,56 @@ def _divisors_hint(total: int, limit: int = 16) -> str:
     return ", ".join(str(d) for d in range(1, limit + 1) if total % d == 0)
 
 
-def plan_phases(experiment: Experiment, *, world_size: int, dataset_size: int,
+GPUS_PER_PHASE_HELP = ("fixed (every phase on the job's world size), paper (Table 3's GPU count "
+                      "of each phase, divided by --batch_divisor), or one count per phase, "
+                      "e.g. 4,2")
+
+
+def phase_workers(experiment: Experiment, spec: str, world_size: Optional[int] = None,
+                  batch_divisor: int = 1) -> Tuple[int, ...]:
+    """The world size of each phase under --gpus_per_phase=`spec` (see GPUS_PER_PHASE_HELP);
+    'fixed' needs the job's `world_size`."""
+    spec = str(spec or "fixed").strip().lower()
+    n = len(experiment.phases)
+    if spec == "fixed":
+        if world_size is None:
+            raise PlanError("--gpus_per_phase=fixed runs every phase on the job's world size: "
+                            "give the number of workers (--num_workers in plan mode)")
+        return (world_size,) * n
+    if spec == "paper":
+        gpus = [experiment.gpus(p) for p in experiment.phases]
+        if any(g % batch_divisor for g in gpus):
+            raise PlanError(
+                f"--gpus_per_phase=paper: {experiment.name} runs on {gpus} GPUs, which "
+                f"--batch_divisor={batch_divisor} does not divide; use a divisor of "
+                f"{math.gcd(*gpus)} (e.g. {_divisors_hint(math.gcd(*gpus), 1024)}), or give the "
+                f"counts per phase (--gpus_per_phase=" + ",".join(["W"] * n) + ")")
+        return tuple(g // batch_divisor for g in gpus)
+    try:
+        counts = tuple(int(c) for c in spec.split(","))
+    except ValueError:
+        counts = ()
+    if len(counts) != n or min(counts, default=0) < 1:
+        raise PlanError(f"--gpus_per_phase={spec!r}: {experiment.name} has {n} phase(s); give "
+                        f"{GPUS_PER_PHASE_HELP}")
+    return counts
+
+
+def plan_phases(experiment: Experiment, *, world_size: Optional[int] = None, dataset_size: int,
                 epochs: float = PAPER_EPOCHS, batch_divisor: int = 1,
-                max_micro_batch: Optional[int] = None) -> List[PhasePlan]:
-    """Per-phase batches for `world_size` workers; raises PlanError naming the fix."""
-    if world_size < 1 or dataset_size < 1 or epochs <= 0 or batch_divisor < 1:
+                max_micro_batch: Optional[int] = None,
+                workers: Optional[Sequence[int]] = None) -> List[PhasePlan]:
+    """Per-phase batches, every phase on `world_size` workers or phase i on `workers[i]`;
+    raises PlanError naming the fix."""
+    if workers is None:
+        workers = (world_size or 0,) * len(experiment.phases)
+    if len(workers) != len(experiment.phases):
+        raise PlanError(f"{experiment.name} has {len(experiment.phases)} phases, got world "
+                        f"sizes for {len(workers)}")
+    fixed = len(set(workers)) == 1
+    if min(workers) < 1 or dataset_size < 1 or epochs <= 0 or batch_divisor < 1:
         raise PlanError(f"world_size, dataset_size, epochs and batch_divisor must be positive "
-                        f"(got {world_size}, {dataset_size}, {epochs}, {batch_divisor})")
+                        f"(got {list(workers)}, {dataset_size}, {epochs}, {batch_divisor})")
     if max_micro_batch is not None and max_micro_batch < 1:
         raise PlanError(f"max_micro_batch must be >= 1, got {max_micro_batch}")
     scale = epochs / PAPER_EPOCHS  # paper epoch -> run epoch
@@ -56,13 +105,19 @@ def plan_phases(experiment: Experiment, *, world_size: int, dataset_size: int,
                             f"{phase.start + 1}-{phase.end} does not divide by batch_divisor "
                             f"{batch_divisor}; use a power of two up to 1024")
         total = phase.total_batch // batch_divisor
+        world_size = workers[i]
         if total % world_size:
+            totals = [b // batch_divisor for b in experiment.total_batches]
+            common = math.gcd(*totals)
+            near = [d for d in range(1, common + 1) if common % d == 0 and d <= world_size][-4:]
             raise PlanError(
                 f"{experiment.name}: the total batch {total} of epochs {phase.start + 1}-"
-                f"{phase.end} does not split over {world_size} workers; run with a number of "
-                f"workers that divides every total batch of the experiment "
-                f"({[b // batch_divisor for b in experiment.total_batches]}), "
-                f"e.g. one of: {_divisors_hint(math.gcd(*[b // batch_divisor for b in experiment.total_batches]))}")
+                f"{phase.end} does not split over {world_size} workers. "
+                + (f"On one world size for every phase, the number of workers must divide "
+                   f"every total batch of the experiment ({totals}, gcd {common}): e.g. "
+                   f"{', '.join(map(str, near))} workers; or run each phase on Table 3's GPU "
+                   f"count with --gpus_per_phase=paper" if fixed else
+                   f"Give phase {i + 1} a number of workers that divides {total}"))
         per_worker = total // world_size
         fewest = 1 if max_micro_batch is None else -(-per_worker // max_micro_batch)
         accumulation = fewest
@@ -82,7 +137,7 @@ def plan_phases(experiment: Experiment, *, world_size: int, dataset_size: int,
         if steps < 1:
             raise PlanError(f"{experiment.name}: the total batch {total} is larger than the "
                             f"data set ({dataset_size} examples); raise batch_divisor")
-        plans.append(PhasePlan(index=i, start_epoch=phase.start * scale,
+        plans.append(PhasePlan(index=i, workers=world_size, start_epoch=phase.start * scale,
                                end_epoch=phase.end * scale, total_batch=total,
                                per_worker_batch=per_worker, accumulation=accumulation,
                                micro_batch=per_worker // accumulation, steps_per_epoch=steps))
@@ -94,3 +149,23 @@ def phase_at(plans: List[PhasePlan], epoch: float) -> PhasePlan:
         if p.start_epoch <= epoch < p.end_epoch:
             return p
     return plans[-1]
+
+
+def steps_to_boundary(epoch: float, plan: PhasePlan, dataset_size: int) -> int:
+    """Whole optimizer steps from `epoch` to the next epoch boundary or the phase's end, enough
+    to reach it (never a 1-step sliver after it): one unit of the trainer's loop."""
+    stop_at = min(plan.end_epoch, math.floor(epoch + 1e-9) + 1.0)
+    return max(1, math.ceil((stop_at - epoch) * dataset_size / plan.total_batch - 1e-9))
+
+
+def steps_in_phases(plans: List[PhasePlan], dataset_size: int) -> List[int]:
+    """Optimizer steps of each phase as the trainer takes them (samples seen are the clock)."""
+    samples, out = 0, []
+    for plan in plans:
+        steps = 0
+        while samples / dataset_size < plan.end_epoch - 1e-9:
+            chunk = steps_to_boundary(samples / dataset_size, plan, dataset_size)
+            samples += chunk * plan.total_batch
+            steps += chunk
+        out.append(steps)
+    return out

@@ -38,7 +38,7 @@ FORMAT_VERSION = 1
 MAY_DIFFER = frozenset({
     "engine", "grid", "algorithm", "fusion_threshold_mb", "collective_timeout", "model_dir",
     "data_dir", "max_steps", "stop_at_epoch", "resume", "on_nonfinite", "max_nonfinite_skips",
-    "keep_checkpoints",
+    "keep_checkpoints", "gpus_per_phase",
 })
 
 
@@ -144,6 +144,14 @@ def latest_valid(model_dir: str, warn: bool = True) -> Optional[Tuple[str, Dict]
                 logger.warning("skipping checkpoint %s: %s; falling back to the previous one",
                                path, error)
     return None
+
+
+def phase_to_run(state: Optional[Dict]) -> int:
+    """Index of the phase a run continues with from a checkpoint's state.json: 0 when there is
+    none, its phase when it is inside one, the next at a phase boundary (past the last: done)."""
+    if state is None:
+        return 0
+    return state["phase"] + (1 if state.get("phase_boundary") else 0)
 
 
 def find_resume(resume: str, model_dir: str) -> Optional[Tuple[str, Dict]]:

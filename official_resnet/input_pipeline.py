@@ -8,13 +8,12 @@ in ImageNet's conversion: `label_offset=1` maps it to 0..999). The offline set o
 `make_dataset(...)` gives one worker's batches: (images float32 [B, H, W, 3], normalised with
 ImageNet's mean and std; labels int32 [B]). `batch_size` is per worker.
 
-Sharding across workers:
-- at least as many files as workers: by file (worker k reads files k, k+N, ...). Nothing is read
-  twice, but workers hold different numbers of records when the records do not split evenly
-  over the files: for training that only shifts epoch boundaries (training repeats); for
-  evaluation every record is still seen exactly once over all workers.
-- fewer files than workers: by record (every worker reads every file in the same order and
-  keeps every N-th record). Costs N times the reading, never the decoding.
+Sharding across workers (official_resnet/sharding.py): by file when there are at least as many
+files as workers, else each file is read by the workers assigned to it, each keeping every k-th
+record. Every record is read by exactly one worker per epoch, and no worker reads more than
+ceil(files / workers) files. Workers may hold slightly different numbers of records when the
+records do not split evenly: for training that only shifts epoch boundaries (training repeats);
+evaluation still sees every record exactly once over all workers.
 
 Training: shuffled files, interleaved reading, a seeded shuffle buffer, repeat, then the paper's
 augmentations (`AugmentConfig`); evaluation: one centre crop of 87.5% of the shorter side,
@@ -38,6 +37,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import tensorflow as tf
 
 from official_resnet.embedded_data import MANIFEST_NAME
+from official_resnet.sharding import FileShard, shard_files
 
 AUTOTUNE = tf.data.AUTOTUNE
 SPLIT_PATTERNS = {"train": "train-*", "validation": "validation-*"}
@@ -392,17 +392,6 @@ def _read_manifest(data_dir: str) -> Optional[Dict]:
         return json.load(f)
 
 
-def shard_files(files: Sequence[str], num_workers: int,
-                worker_index: int) -> Tuple[List[str], bool]:
-    """This worker's files, and whether records must still be sharded (too few files)."""
-    if num_workers < 1 or not 0 <= worker_index < num_workers:
-        raise ValueError(f"worker_index must be in [0, num_workers); got {worker_index} of "
-                         f"{num_workers}")
-    if len(files) >= num_workers:
-        return list(files[worker_index::num_workers]), False
-    return list(files), num_workers > 1
-
-
 # ---------------------------------------------------------------------------------------------
 # The data set
 # ---------------------------------------------------------------------------------------------
@@ -410,8 +399,8 @@ def validate_split(data_dir: str, split: str, *, num_workers: int = 1, worker_in
                    num_classes: int = 1000, label_offset: int = 1, records: int = 1) -> None:
     """Check the first `records` records of every file this worker will read (the check
     make_dataset runs), so a run can refuse bad data before it writes or trains anything."""
-    files, _ = shard_files(list_files(data_dir, split), num_workers, worker_index)
-    _validate(files, records, num_classes, label_offset)
+    _validate(_paths(data_dir, split, num_workers, worker_index), records, num_classes,
+              label_offset)
 
 
 def make_dataset(data_dir: str, split: str, batch_size: int, *, image_size: int = 224,
@@ -439,21 +428,11 @@ def make_dataset(data_dir: str, split: str, batch_size: int, *, image_size: int 
         raise ValueError(f"batch_size and image_size must be >= 1, got {batch_size}, {image_size}")
     config = _resolve_augment(augment) if training else AugmentConfig.none()
 
-    files, shard_records = shard_files(list_files(data_dir, split), num_workers, worker_index)
     if validate_records > 0:
-        _validate(files, validate_records, num_classes, label_offset)
-
-    filenames = tf.data.Dataset.from_tensor_slices(files)
-    if shard_records:
-        # Too few files: every worker reads all of them in one fixed order and keeps 1/N.
-        records = filenames.flat_map(_records_with_filename)
-        records = records.shard(num_workers, worker_index)
-    else:
-        if training:
-            filenames = filenames.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
-        records = filenames.interleave(
-            _records_with_filename, cycle_length=min(len(files), 16), block_length=1,
-            num_parallel_calls=AUTOTUNE, deterministic=deterministic)
+        _validate(_paths(data_dir, split, num_workers, worker_index), validate_records,
+                  num_classes, label_offset)
+    records = worker_records(data_dir, split, num_workers, worker_index, shuffle=training,
+                             seed=seed, deterministic=deterministic)
     if cache:
         records = records.cache(cache if isinstance(cache, str) else "")
     if training:
@@ -484,8 +463,28 @@ def make_dataset(data_dir: str, split: str, batch_size: int, *, image_size: int 
     return ds.with_options(options).prefetch(AUTOTUNE)
 
 
-def _records_with_filename(filename):
-    return tf.data.TFRecordDataset(filename).map(lambda r: (r, filename))
+def _paths(data_dir, split, num_workers, worker_index) -> List[str]:
+    return [s.path for s in shard_files(list_files(data_dir, split), num_workers, worker_index)]
+
+
+def worker_records(data_dir: str, split: str, num_workers: int = 1, worker_index: int = 0, *,
+                   shuffle: bool = False, seed: int = 0,
+                   deterministic: bool = True) -> tf.data.Dataset:
+    """This worker's raw records, (serialized example, file name), one pass: its files, and its
+    share of each file's records when files are shared (official_resnet/sharding.py).
+    shuffle: the file order, reshuffled each pass (training)."""
+    shards: List[FileShard] = shard_files(list_files(data_dir, split), num_workers, worker_index)
+    ds = tf.data.Dataset.from_tensor_slices((
+        [s.path for s in shards], tf.constant([s.num_shards for s in shards], tf.int64),
+        tf.constant([s.index for s in shards], tf.int64)))
+    if shuffle:
+        ds = ds.shuffle(len(shards), seed=seed, reshuffle_each_iteration=True)
+
+    def read(path, num_shards, index):  # a shared file: every num_shards-th record from index
+        return tf.data.TFRecordDataset(path).shard(num_shards, index).map(lambda r: (r, path))
+
+    return ds.interleave(read, cycle_length=min(len(shards), 16), block_length=1,
+                         num_parallel_calls=AUTOTUNE, deterministic=deterministic)
 
 
 def _validate(files: Sequence[str], per_file: int, num_classes: int, label_offset: int) -> None:

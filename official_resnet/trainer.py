@@ -18,7 +18,7 @@ from typing import Callable, List, Optional
 import numpy as np
 import tensorflow as tf
 
-from official_resnet.batch_plan import PhasePlan
+from official_resnet.batch_plan import PhasePlan, steps_to_boundary
 from tftorus import watchdog
 
 logger = logging.getLogger(__name__)
@@ -152,6 +152,10 @@ class Trainer:
         for plan in self.plans:
             if self.epoch() >= plan.end_epoch - 1e-9:
                 continue  # resumed past this phase
+            if plan.workers != self.world.size:  # train.py stops at such a boundary first
+                raise ValueError(f"phase {plan.index + 1} runs on {plan.workers} workers; this "
+                                 f"job has {self.world.size}: relaunch it with -np "
+                                 f"{plan.workers} (run_scripts/run_experiment.py does)")
             self._phase = plan.index + 1
             self._progress("phase set-up")
             if plan.accumulation not in self._step_fns:  # phases alike in it share a trace
@@ -166,10 +170,7 @@ class Trainer:
             self._log_phase(plan)
             while self.epoch() < plan.end_epoch - 1e-9:
                 epoch_start, t0 = self.epoch(), time.monotonic()
-                stop_at = min(plan.end_epoch, math.floor(epoch_start + 1e-9) + 1.0)
-                # enough whole steps to reach the boundary (never a 1-step sliver after it)
-                steps = max(1, math.ceil((stop_at - epoch_start) * self.dataset_size
-                                         / plan.total_batch - 1e-9))
+                steps = steps_to_boundary(epoch_start, plan, self.dataset_size)
                 progbar = tf.keras.utils.Progbar(steps, verbose=1 if sys.stdout.isatty() else 2,
                                                  unit_name="step") if self.world.chief else None
                 loss_sum = correct = 0.0
@@ -295,7 +296,7 @@ class Trainer:
                 "phase %d: epochs %.2f-%.2f, total batch %d = %d workers x %d per worker "
                 "(%d micro-batch%s of %d), %d steps/epoch; from epoch %.3f: lr %.4g, momentum "
                 "%.4f", plan.index + 1, plan.start_epoch,
-                plan.end_epoch, plan.total_batch, self.world.size, plan.per_worker_batch,
+                plan.end_epoch, plan.total_batch, plan.workers, plan.per_worker_batch,
                 plan.accumulation, "es" if plan.accumulation > 1 else "", plan.micro_batch,
                 plan.steps_per_epoch, self.epoch(), self.schedule.lr(self.epoch()),
                 self.schedule.momentum(self.epoch(), plan.total_batch))

@@ -16,7 +16,7 @@ import logging
 import os
 import sys
 import tempfile
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 from absl import app
 from absl import flags as absl_flags
@@ -34,7 +34,8 @@ import tensorflow as tf  # noqa: E402
 import tftorus  # noqa: E402
 from flags.config import EMBEDDED_DATA_DIR, define_flags, resolve  # noqa: E402
 from flags.experiments import get_experiment, with_batch_schedule  # noqa: E402
-from official_resnet import batch_plan, bn_statistics, embedded_data, input_pipeline  # noqa: E402
+from official_resnet import batch_plan, bn_statistics, dataset_info, embedded_data  # noqa: E402
+from official_resnet import input_pipeline, run_plan  # noqa: E402
 from official_resnet import checkpointing  # noqa: E402
 from official_resnet.lars import LARS  # noqa: E402
 from official_resnet.model import resnet  # noqa: E402
@@ -53,21 +54,88 @@ class DataInfo(NamedTuple):
     validation_examples: int
     num_classes: int
 
-    @classmethod
-    def of(cls, data_dir: str, num_classes: int) -> "DataInfo":
-        """Sizes from the data set's manifest when it has one, else by counting records once."""
-        info = input_pipeline.describe(data_dir, count=False)
-        if any(info["splits"][s]["records"] is None for s in ("train", "validation")):
-            info = input_pipeline.describe(data_dir, count=True)
-        train, val = (info["splits"][s]["records"] for s in ("train", "validation"))
-        if not train:
-            raise input_pipeline.DataError(f"{data_dir} holds no training records (train-*): "
-                                           f"point --data_dir at ImageNet TFRecords")
-        if not val:  # found now, not after the first epoch of training
-            raise input_pipeline.DataError(
-                f"{data_dir} holds no validation records (validation-*): every evaluation "
-                f"needs them; add ImageNet's validation TFRecords to the directory")
-        return cls(train, val, num_classes or info["num_classes"] or 1000)
+
+def sizes_without_reading(config) -> Optional[dataset_info.DataSizes]:
+    """The data's sizes when known without reading records (manifest, ImageNet's standard
+    layout, an earlier count); the embedded default's from its spec before it is generated."""
+    if config.data_dir == EMBEDDED_DATA_DIR and not embedded_data.read_manifest(config.data_dir):
+        spec = embedded_data.EmbeddedSpec()
+        return dataset_info.DataSizes(spec.num_train, spec.num_validation, spec.num_classes,
+                                      "embedded spec")
+    return dataset_info.known_sizes(config.data_dir)
+
+
+def check_batch_fits(config, experiment, train_examples: int) -> None:
+    """One line naming the fix when the data cannot hold the experiment's largest batch (the
+    card's `train.py --exp=2` on the embedded default, for one)."""
+    largest = max(experiment.total_batches) // config.batch_divisor
+    if largest <= train_examples:
+        return
+    where = (f"{config.data_dir} (the small set generated offline, the default --data_dir)"
+             if config.data_dir == EMBEDDED_DATA_DIR else config.data_dir)
+    raise input_pipeline.DataError(
+        f"{experiment.name}'s largest total batch is {largest} images, more than the "
+        f"{train_examples} training images in {where}: point --data_dir at ImageNet in TFRecord "
+        f"form (train-*, validation-*), or run the scaled-down recipe with "
+        f"--flagfile=run_scripts/embedded.flags (batches and LRs divided by --batch_divisor)")
+
+
+def data_info(config, sizes: Optional[dataset_info.DataSizes], world: "World") -> DataInfo:
+    """Sizes known beforehand, or counted once by rank 0 and shared (never by every rank)."""
+    if sizes is None or sizes.source == "embedded spec":
+        sizes = dataset_info.known_sizes(config.data_dir)
+    if sizes is None:
+        input_pipeline.list_files(config.data_dir, "train")  # a clear error for missing files
+        counted = dataset_info.count_sizes(config.data_dir) if world.chief else None
+        train, val = (int(v) for v in world.sum(tf.constant(
+            [counted.train, counted.validation] if counted else [0, 0], tf.int64)).numpy())
+        sizes = dataset_info.DataSizes(train, val, None, "counted")
+    if not sizes.train:
+        raise input_pipeline.DataError(f"{config.data_dir} holds no training records (train-*): "
+                                       f"point --data_dir at ImageNet TFRecords")
+    if not sizes.validation:  # found now, not after the first epoch of training
+        raise input_pipeline.DataError(
+            f"{config.data_dir} holds no validation records (validation-*): every evaluation "
+            f"needs them; add ImageNet's validation TFRecords to the directory")
+    return DataInfo(sizes.train, sizes.validation,
+                    config.num_classes or sizes.num_classes or 1000)
+
+
+def print_plan(config, experiment) -> None:
+    """--plan_only: the run's plan for --num_workers workers, without Horovod or records."""
+    if FLAGS["data_dir"].present:  # the data's own sizes and files
+        sizes = sizes_without_reading(config) or dataset_info.count_sizes(config.data_dir)
+        present = sizes.source != "embedded spec"
+        layout = run_plan.DataLayout(
+            config.data_dir, sizes.train, sizes.validation,
+            dataset_info.file_bytes(config.data_dir, "train") if present else [0],
+            dataset_info.file_bytes(config.data_dir, "validation") if present else [0],
+            estimated=not present)
+        num_classes = config.num_classes or sizes.num_classes or 1000
+    else:
+        layout, num_classes = run_plan.DataLayout.imagenet(), config.num_classes or 1000
+    check_batch_fits(config, experiment, layout.train_records)
+    if config.gpus_per_phase == "fixed":
+        workers = batch_plan.phase_workers(experiment, "fixed",
+                                           FLAGS.num_workers or experiment.max_gpus)
+    else:
+        workers = batch_plan.phase_workers(experiment, config.gpus_per_phase,
+                                           batch_divisor=config.batch_divisor)
+        if FLAGS.num_workers and FLAGS.num_workers < max(workers):
+            raise batch_plan.PlanError(
+                f"--gpus_per_phase={config.gpus_per_phase} runs {experiment.name}'s phases on "
+                f"{list(workers)} workers; --num_workers={FLAGS.num_workers} is fewer than "
+                f"the largest")
+    plans = batch_plan.plan_phases(experiment, workers=workers, dataset_size=layout.train_records,
+                                   epochs=config.epochs, batch_divisor=config.batch_divisor,
+                                   max_micro_batch=config.max_micro_batch)
+    print(run_plan.plan_table(
+        experiment=experiment, plans=plans, schedule=make_schedule(config), data=layout,
+        grid=config.grid, algorithm=config.algorithm, compression=config.compression,
+        model=(config.depth, config.width, num_classes), gpus_per_phase=config.gpus_per_phase,
+        batch_divisor=config.batch_divisor), flush=True)
+
+
 EXCLUDE_FROM_LARS = ["_bn", "bias"]  # BN parameters and biases: no decay, no trust ratio
 
 # Errors that mean "the input is wrong": one clear line and exit status 2, no traceback.
@@ -100,6 +168,15 @@ def check_writable(model_dir: str) -> None:
 def main(argv):
     del argv
     config = resolve(FLAGS)
+    experiment = get_experiment(config.exp)
+    if config.batch_schedule:
+        experiment = with_batch_schedule(experiment, config.batch_schedule)
+    if FLAGS.plan_only:
+        print_plan(config, experiment)
+        return
+    sizes = sizes_without_reading(config)
+    if sizes is not None:  # before any collective: the card's command on the embedded default
+        check_batch_fits(config, experiment, sizes.train)
     # A run already in --model_dir must have this configuration (world size, engine, grid and
     # timeouts may differ); checked on every rank before anything is written.
     existing_run = checkpointing.check_config(config.model_dir, json.loads(config.to_json()))
@@ -131,13 +208,13 @@ def main(argv):
         if rank == 0:  # one writer (it skips a complete set); the others wait at the barrier
             embedded_data.generate(config.data_dir)
         tftorus.world.barrier()
-    info = DataInfo.of(config.data_dir, config.num_classes)
-    experiment = get_experiment(config.exp)
-    if config.batch_schedule:
-        experiment = with_batch_schedule(experiment, config.batch_schedule)
-    plans = batch_plan.plan_phases(experiment, world_size=size, dataset_size=info.train_examples,
-                                   epochs=config.epochs, batch_divisor=config.batch_divisor,
-                                   max_micro_batch=config.max_micro_batch)
+    info = data_info(config, sizes, world)
+    check_batch_fits(config, experiment, info.train_examples)
+    plans = batch_plan.plan_phases(
+        experiment, dataset_size=info.train_examples, epochs=config.epochs,
+        batch_divisor=config.batch_divisor, max_micro_batch=config.max_micro_batch,
+        workers=batch_plan.phase_workers(experiment, config.gpus_per_phase, size,
+                                         config.batch_divisor))
 
     augment = input_pipeline.AugmentConfig.from_names(
         config.augment, area_range=(config.min_crop_area, 1.0))
@@ -150,6 +227,20 @@ def main(argv):
     resume_from = checkpointing.find_resume(config.resume, config.model_dir)
     if resume_from:
         checkpointing.check_world(resume_from[1], resume_from[0], plans, size, config.model_dir)
+    # Phases on another world size (--gpus_per_phase) are run by a relaunch: this job runs the
+    # phases on its own size from where the run stands, and stops at the boundary after them.
+    first = checkpointing.phase_to_run(resume_from[1] if resume_from else None)
+    if first < len(plans) and plans[first].workers != size:
+        raise batch_plan.PlanError(
+            f"phase {first + 1} of {experiment.name} runs on {plans[first].workers} workers "
+            f"(--gpus_per_phase={config.gpus_per_phase}); this job has {size}: launch it with "
+            f"-np {plans[first].workers}, or let run_scripts/run_experiment.py launch every phase")
+    last = first
+    while last + 1 < len(plans) and plans[last + 1].workers == size:
+        last += 1
+    relaunch = plans[last + 1] if last + 1 < len(plans) else None
+    stop_at_epoch = min([e for e in (config.stop_at_epoch,
+                                     relaunch and relaunch.start_epoch) if e] or [None])
 
     for split in ("train", "validation"):  # bad records fail now, before anything is written
         input_pipeline.validate_split(config.data_dir, split, num_workers=size,
@@ -227,7 +318,7 @@ def main(argv):
                       if rank == 0 else None,  # writes the trainer's tf.train.Checkpoint
                       checkpoint_extra={"seed": config.seed, "exp": config.exp,
                                         "epochs": config.epochs},
-                      stop_at_epoch=config.stop_at_epoch)
+                      stop_at_epoch=stop_at_epoch)
     if resume_from:
         path, state = resume_from
         checkpointing.restore(trainer.checkpoint, path, optimizers=[lars],
@@ -248,7 +339,12 @@ def main(argv):
     # Summary: the paper's Table 5 (accuracy, time) and Table 6 (throughput) for this run.
     # ============================================================================================
     if rank == 0 and (trainer.stopped_early or not history):
-        if history:
+        if history and relaunch and trainer.epoch() >= relaunch.start_epoch - 1e-9:
+            logger.info("stopped at epoch %.3f, the end of phase %d: phase %d runs on %d "
+                        "workers; relaunch with -np %d and the same flags (run_scripts/"
+                        "run_experiment.py does this)", trainer.epoch(), relaunch.index,
+                        relaunch.index + 1, relaunch.workers, relaunch.workers)
+        elif history:
             logger.info("stopped at epoch %.3f; run again with the same flags to continue",
                         trainer.epoch())
         else:
@@ -259,14 +355,17 @@ def main(argv):
         final = history[-1]
         rates = [h.images_per_sec for h in history[1:]] or [history[0].images_per_sec]
         summary = {
-            "experiment": experiment.name, "workers": size, "grid": str(tftorus.context.default_grid()),
+            "experiment": experiment.name, "workers": size,
+            "workers_per_phase": [p.workers for p in plans],
+            "grid": str(tftorus.context.default_grid()),
             "top1_1crop": final.top1, "seconds": final.elapsed, "epochs": final.epoch,
             "steps": int(trainer.steps.numpy()),  # optimizer steps
             "images_per_sec": sum(rates) / len(rates),
             "paper_top1": experiment.paper_top1, "paper_seconds": experiment.paper_seconds,
         }
-        logger.info("Table 5 style | %s | workers %d | batch %d-%d | top-1 1-crop %.2f%% | %.0f s "
-                    "(paper: %.2f%% in %d s on %d V100)", experiment.name, size,
+        logger.info("Table 5 style | %s | workers %s | batch %d-%d | top-1 1-crop %.2f%% | %.0f s "
+                    "(paper: %.2f%% in %d s on %d V100)", experiment.name,
+                    "->".join(str(p.workers) for p in plans),
                     min(p.total_batch for p in plans), max(p.total_batch for p in plans),
                     final.top1, final.elapsed, experiment.paper_top1, experiment.paper_seconds,
                     experiment.max_gpus)

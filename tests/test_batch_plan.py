@@ -137,3 +137,49 @@ class FlagsTest(tf.test.TestCase):
 
 if __name__ == "__main__":
     tf.test.main()
+
+
+class PhaseWorkersTest(tf.test.TestCase):
+    """--gpus_per_phase: Table 3's GPU count per phase, checked phase by phase."""
+
+    # Table 3: (GPUs, per-worker batch) per phase; Exp. 4's 68K phase: 4096 GPUs at 17 each
+    TABLE3 = {"ref": [(1024, 32)], "1": [(2176, 16), (2176, 32)],
+              "2": [(3456, 16), (1728, 32)], "3": [(3456, 16), (2048, 32)],
+              "4": [(2176, 16), (4096, 17), (2720, 32), (3808, 32)]}
+
+    def test_paper_counts_for_every_experiment(self):
+        for name, rows in self.TABLE3.items():
+            with self.subTest(exp=name):
+                exp = get_experiment(name)
+                workers = batch_plan.phase_workers(exp, "paper")
+                plans = batch_plan.plan_phases(exp, workers=workers, dataset_size=IMAGENET)
+                self.assertEqual([(p.workers, p.per_worker_batch) for p in plans], rows)
+                self.assertEqual([p.total_batch for p in plans], list(exp.total_batches))
+
+    def test_scaled_down_keeps_the_per_worker_batches(self):
+        exp = get_experiment("2")
+        workers = batch_plan.phase_workers(exp, "paper", batch_divisor=864)
+        self.assertEqual(workers, (4, 2))
+        plans = batch_plan.plan_phases(exp, workers=workers, dataset_size=1024, batch_divisor=864)
+        self.assertEqual([(p.workers, p.total_batch, p.per_worker_batch) for p in plans],
+                         [(4, 64, 16), (2, 64, 32)])
+        with self.assertRaisesRegex(batch_plan.PlanError, "does not divide; use a divisor of"):
+            batch_plan.phase_workers(exp, "paper", batch_divisor=256)
+
+    def test_fixed_and_explicit(self):
+        exp = get_experiment("3")
+        self.assertEqual(batch_plan.phase_workers(exp, "fixed", 8), (8, 8))
+        self.assertEqual(batch_plan.phase_workers(exp, "4, 2"), (4, 2))
+        with self.assertRaisesRegex(batch_plan.PlanError, "has 2 phase"):
+            batch_plan.phase_workers(exp, "4")
+        with self.assertRaisesRegex(batch_plan.PlanError, "give the number of workers"):
+            batch_plan.phase_workers(exp, "fixed")
+
+    def test_exp3_on_3456_says_which_counts_divide(self):
+        with self.assertRaises(batch_plan.PlanError) as caught:
+            batch_plan.plan_phases(get_experiment("3"), world_size=3456, dataset_size=IMAGENET)
+        text = str(caught.exception)
+        self.assertIn("the total batch 65536 of epochs 31-90 does not split over 3456 workers",
+                      text)
+        self.assertIn("([55296, 65536], gcd 2048): e.g. 256, 512, 1024, 2048 workers", text)
+        self.assertIn("--gpus_per_phase=paper", text)

@@ -164,8 +164,6 @@ class InputPipelineTest(tf.test.TestCase):
                             self.assertNotEmpty(mine)
                             seen += mine
                         self.assertCountEqual(seen, range(n))  # disjoint and complete
-        self.assertEqual(ip.shard_files(["a", "b", "c"], 4, 1), (["a", "b", "c"], True))
-        self.assertEqual(ip.shard_files(list("abcdefgh"), 4, 1), (["b", "f"], False))
 
     def test_count_and_describe(self):
         files = ip.list_files(self.few, "train")

@@ -97,7 +97,7 @@ def run_trainer(model_dir, nan_at_steps, resume_state=None, **policy):
     batches = [batch(i, nan=i + 1 in nan_at_steps) for i in range(STEPS_PER_EPOCH + 1)]
     images = tf.stack([b[0] for b in batches])
     labels = tf.stack([b[1] for b in batches])
-    plan = PhasePlan(index=0, start_epoch=0.0, end_epoch=1.0, total_batch=8, per_worker_batch=8,
+    plan = PhasePlan(index=0, workers=1, start_epoch=0.0, end_epoch=1.0, total_batch=8, per_worker_batch=8,
                      accumulation=1, micro_batch=8, steps_per_epoch=STEPS_PER_EPOCH)
     trainer = Trainer(
         model=model, optimizer=lars, lars=lars,

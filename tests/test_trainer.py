@@ -15,7 +15,7 @@ from tests import test_nonfinite as one_worker  # its small BN model and batches
 
 
 def phase(index, start, end, accumulation):
-    return PhasePlan(index=index, start_epoch=start, end_epoch=end, total_batch=8,
+    return PhasePlan(index=index, workers=1, start_epoch=start, end_epoch=end, total_batch=8,
                      per_worker_batch=8, accumulation=accumulation,
                      micro_batch=8 // accumulation, steps_per_epoch=2)
 

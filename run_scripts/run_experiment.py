@@ -1,0 +1,141 @@
+"""Run an experiment whose phases use different numbers of workers, as Table 3 does.
+
+    python run_scripts/run_experiment.py --exp=2 --gpus_per_phase=paper --data_dir=/imagenet \
+        -- -H node001:4,node002:4,... [more horovodrun options]
+
+Flags before `--` are run_scripts/train.py's; what follows `--` goes to horovodrun (hosts,
+--gloo or --mpi, ...; not -np). Each run of consecutive phases on the same number of workers is
+one `horovodrun -np W ... python run_scripts/train.py ...`: train.py stops at the boundary after
+them with a phase-boundary checkpoint, and the next launch resumes from it on its own count
+(Exp. 2 with --gpus_per_phase=paper: 3456 workers at 16 images each for epochs 1-30, then 1728
+at 32). Run the same command again after a failure: it starts at the phase the run stands in.
+"""
+import os
+import shutil
+import subprocess
+import sys
+from typing import List, Tuple
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import flags as absl_flags  # noqa: E402
+
+from flags.config import define_flags, resolve  # noqa: E402
+from flags.experiments import get_experiment, with_batch_schedule  # noqa: E402
+from official_resnet import batch_plan  # noqa: E402
+
+TRAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py")
+
+
+def split_argv(argv: List[str]) -> Tuple[List[str], List[str]]:
+    """(train.py flags, horovodrun options) around the first `--`."""
+    if "--" in argv:
+        at = argv.index("--")
+        return argv[:at], argv[at + 1:]
+    return list(argv), []
+
+
+def launches(workers) -> List[Tuple[int, int, int]]:
+    """(workers, first phase, last phase) for each run of consecutive phases on one count."""
+    groups = []
+    for i, w in enumerate(workers):
+        if groups and groups[-1][0] == w:
+            groups[-1] = (w, groups[-1][1], i)
+        else:
+            groups.append((w, i, i))
+    return groups
+
+
+def hosts_for(hvd_args: List[str], count: int) -> List[str]:
+    """The horovodrun options with the host list cut to exactly `count` slots, in order.
+
+    Horovod 0.28.1 under Gloo starts a process on every slot of -H (or --hostfile) whatever -np
+    says, so a phase on fewer workers than the list holds needs a shorter list."""
+    out, hosts, i = [], None, 0
+    while i < len(hvd_args):
+        arg = hvd_args[i]
+        name, _, value = arg.partition("=")
+        if name in ("-H", "--hosts", "-hostfile", "--hostfile"):
+            if not value:
+                i += 1
+                value = hvd_args[i] if i < len(hvd_args) else ""
+            if name in ("-H", "--hosts"):
+                hosts = [h for h in value.split(",") if h]
+            else:  # lines 'host slots=N'
+                with open(value) as f:
+                    hosts = [" ".join(line.split()).replace(" slots=", ":") for line in f
+                             if line.strip() and not line.lstrip().startswith("#")]
+        else:
+            out.append(arg)
+        i += 1
+    slots, left = [], count
+    for host in hosts or [f"localhost:{count}"]:
+        name, _, n = host.partition(":")
+        take = min(left, int(n or 1))
+        if take:
+            slots.append(f"{name}:{take}")
+        left -= take
+    if left > 0:
+        raise ValueError(f"the hosts given have {count - left} slots; this phase needs {count} "
+                         f"workers: give more hosts or slots (-H host:slots,...)")
+    return ["-H", ",".join(slots), *out]
+
+
+def horovodrun() -> str:
+    beside = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+    found = beside if os.path.exists(beside) else shutil.which("horovodrun")
+    if not found:
+        sys.exit("error: horovodrun not found: install Horovod (bash run_scripts/setup.sh)")
+    return found
+
+
+def main(argv: List[str]) -> int:
+    train_args, hvd_args = split_argv(argv[1:])
+    if any(a in ("-np", "--num-proc") or a.startswith(("-np=", "--num-proc=")) for a in hvd_args):
+        print("error: the launcher sets -np per phase; leave it out of the horovodrun options",
+              file=sys.stderr)
+        return 2
+    define_flags()
+    absl_flags.FLAGS([argv[0], *train_args])
+    try:
+        config = resolve(absl_flags.FLAGS)
+        experiment = get_experiment(config.exp)
+        if config.batch_schedule:
+            experiment = with_batch_schedule(experiment, config.batch_schedule)
+        if config.gpus_per_phase == "fixed" and not absl_flags.FLAGS.num_workers:
+            raise ValueError("every phase on one world size (--gpus_per_phase=fixed) needs no "
+                             "launcher: use horovodrun -np W directly, or give --num_workers=W; "
+                             "for Table 3's counts, pass --gpus_per_phase=paper")
+        workers = batch_plan.phase_workers(experiment, config.gpus_per_phase,
+                                           absl_flags.FLAGS.num_workers, config.batch_divisor)
+        from official_resnet import checkpointing  # here: it starts TensorFlow
+        found = checkpointing.find_resume(config.resume, config.model_dir)
+        start = checkpointing.phase_to_run(found[1] if found else None)  # where the run stands
+        groups = launches(workers)
+        placements = {count: hosts_for(hvd_args, count) for count, _, _ in groups}  # all now
+    except (OSError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    launched = False
+    for count, first, last in groups:
+        if last < start:
+            continue  # done in an earlier launch
+        phases = f"phase {first + 1}" if first == last else f"phases {first + 1}-{last + 1}"
+        # later launches continue from the boundary checkpoint whatever --resume said
+        args = train_args + (["--resume=auto"] if launched else [])
+        launched = True
+        cmd = [horovodrun(), "-np", str(count), *placements[count], sys.executable, TRAIN, *args]
+        print(f"[run_experiment] {experiment.name}, {phases} on {count} workers:\n  "
+              + " ".join(cmd), flush=True)
+        status = subprocess.call(cmd)
+        if status:
+            print(f"[run_experiment] {phases} failed (exit {status}); run the same command "
+                  f"again to continue from the newest checkpoint", file=sys.stderr, flush=True)
+            return status
+    print(f"[run_experiment] {experiment.name}: every phase done; results in "
+          f"{config.model_dir}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

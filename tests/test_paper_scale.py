@@ -1,0 +1,153 @@
+"""Issue 15, train.py at the paper's scale: the plan mode against Table 3, the card's command
+without data, and Table 3's GPU counts per phase run through run_scripts/run_experiment.py
+(4 workers at 16 images each, then 2 at 32, as Exp. 2 goes from 3456 GPUs to 1728)."""
+import json
+import os
+import re
+import tempfile
+
+import tensorflow as tf
+
+from flags.experiments import get_experiment
+from official_resnet import checkpointing, embedded_data
+from official_resnet.schedules import Schedule
+from tests import harness
+
+TRAIN, FLAGFILE = harness.TRAIN, harness.FLAGFILE
+LAUNCHER = os.path.join(harness.ROOT, "run_scripts", "run_experiment.py")
+SPEC = embedded_data.EmbeddedSpec(num_train=1024, num_validation=128, train_shards=4,
+                                  validation_shards=2)
+
+# Table 3 at the paper's GPU counts: (workers, per-worker batch, total batch) per phase.
+# Exp. 4's 68K phase at 16 per GPU would need 4352 of its 4096 GPUs: 4096 at 17 each.
+TABLE3 = {"ref": [(1024, 32, 32768)],
+          "1": [(2176, 16, 34816), (2176, 32, 69632)],
+          "2": [(3456, 16, 55296), (1728, 32, 55296)],
+          "3": [(3456, 16, 55296), (2048, 32, 65536)],
+          "4": [(2176, 16, 34816), (4096, 17, 69632), (2720, 32, 87040), (3808, 32, 121856)]}
+ROW = re.compile(r"^\s+(\d+)\s+([\d.]+-[\d.]+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+) x (\d+)\s", re.M)
+
+
+def plan(*flags):
+    return harness.run([TRAIN, "--plan_only", *flags], timeout=120)
+
+
+class PlanModeTest(tf.test.TestCase):
+
+    def test_every_experiment_at_the_papers_gpu_counts(self):
+        for exp, rows in TABLE3.items():
+            with self.subTest(exp=exp):
+                result = plan(f"--exp={exp}", "--gpus_per_phase=paper")
+                self.assertEqual(result.returncode, 0, harness.describe(result))
+                found = [(int(m[2]), int(m[4]), int(m[3])) for m in ROW.findall(result.output)]
+                self.assertEqual(found, rows, result.output)
+                self.assertIn("1,281,167 images", result.output)  # ImageNet without --data_dir
+                self.assertRegex(result.output, r"optimizer steps: [\d,]+")
+
+    def test_the_issues_commands(self):
+        result = plan("--exp=2", "--num_workers=3456", "--gpus_per_phase=paper")
+        self.assertEqual(result.returncode, 0, harness.describe(result))
+        self.assertLess(result.seconds, 60)
+        print(f"\nplan mode, Exp. 2 at 3456 workers: {result.seconds:.1f} s\n{result.output}")
+        # phase 1: 30 epochs of B from 0.2 (LR rises to 12.89 at epoch 30, then 22.22)
+        self.assertRegex(result.output, r"\n\s+1\s+0-30\s+3456\s+55296\s+16\s+1 x 16\s+23\s+\d+"
+                                        r"\s+0\.2 -> 12\.89\s+0\.9407 -> 0\.9407\s+\d+x\d+")
+        self.assertRegex(result.output, r"\n\s+2\s+30-90\s+1728\s+55296\s+32\s+1 x 32\s+23\s+\d+"
+                                        r"\s+22\.22 -> 0\s+")
+        self.assertRegex(result.output, r"torus ms/step")
+        result = plan("--exp=3", "--num_workers=3456", "--gpus_per_phase=paper")
+        self.assertEqual(result.returncode, 0, harness.describe(result))
+        self.assertEqual([int(m[2]) for m in ROW.findall(result.output)], [3456, 2048])
+        # one world size for both phases: 65536 does not split over 3456
+        result = plan("--exp=3", "--num_workers=3456")
+        self.assertEqual(result.returncode, 2, harness.describe(result))
+        self.assertIn("does not split over 3456 workers", result.output)
+        self.assertIn("e.g. 256, 512, 1024, 2048 workers", result.output)
+        self.assertIn("--gpus_per_phase=paper", result.output)
+        result = plan("--exp=2", "--num_workers=2048", "--gpus_per_phase=paper")
+        self.assertEqual(result.returncode, 2, harness.describe(result))
+        self.assertIn("[3456, 1728] workers; --num_workers=2048 is fewer", result.output)
+
+    def test_plan_of_a_data_directory(self):
+        tmp = tempfile.mkdtemp()
+        embedded_data.generate(tmp, SPEC, processes=1)
+        result = plan("--exp=2", f"--flagfile={FLAGFILE}", f"--data_dir={tmp}",
+                      "--num_workers=4", "--max_micro_batch=16")
+        self.assertEqual(result.returncode, 0, harness.describe(result))
+        self.assertIn("1,024 images", result.output)
+        # 216 per phase on 4 workers: 54 each as 6 micro-batches of 9 under the cap of 16
+        self.assertEqual([m[2:] for m in ROW.findall(result.output)],
+                         [("4", "216", "54", "6", "9"), ("4", "216", "54", "6", "9")])
+        self.assertIn("n/a: the cost model's gradient size is ResNet-50's", result.output)
+
+
+class CardCommandTest(tf.test.TestCase):
+
+    def test_exp2_without_data_is_one_line_naming_the_fixes(self):
+        before = os.path.exists(os.path.join(harness.ROOT, "runs", "exp2"))
+        result = harness.run([TRAIN, "--exp=2"], timeout=120)
+        self.assertEqual(result.returncode, 2, harness.describe(result))
+        errors = [l for l in result.output.splitlines() if l.startswith("error:")]
+        self.assertLen(errors, 1)
+        self.assertIn("--data_dir", errors[0])
+        self.assertIn("--flagfile=run_scripts/embedded.flags", errors[0])
+        self.assertIn("largest total batch is 55296 images", errors[0])
+        self.assertNotIn("Traceback", result.output)
+        self.assertEqual(os.path.exists(os.path.join(harness.ROOT, "runs", "exp2")), before)
+
+
+def history(model_dir):
+    with open(os.path.join(model_dir, "history.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+class PerPhaseWorkersTest(harness.EmbeddedDataCase, tf.test.TestCase):
+    """Exp. 2 with the batches divided by 864: 64 images per step, 4 x 16 then 2 x 32."""
+
+    SPEC = SPEC
+    FLAGS = ["--exp=2", "--gpus_per_phase=paper", "--batch_divisor=864", "--epochs=0.6",
+             "--bn_stat_batches=1"]
+
+    def flags(self, model_dir):
+        return [f"--flagfile={FLAGFILE}", f"--data_dir={self.data}", f"--model_dir={model_dir}",
+                *self.FLAGS]
+
+    def test_a_direct_launch_on_the_wrong_count_says_which(self):
+        result = harness.run([TRAIN, *self.flags(os.path.join(self.tmp, "direct"))], timeout=180)
+        self.assertEqual(result.returncode, 2, harness.describe(result))
+        self.assertIn("error: phase 1 of Exp. 2 runs on 4 workers (--gpus_per_phase=paper); "
+                      "this job has 1: launch it with -np 4", result.output)
+
+    def test_launcher_runs_each_phase_on_its_own_count(self):
+        model_dir = os.path.join(self.tmp, "launched")
+        result = harness.run([LAUNCHER, *self.flags(model_dir), "--", "--gloo", "-H",
+                              "localhost:4"], timeout=900)
+        self.assertEqual(result.returncode, 0, harness.describe(result))
+        self.assertIn("[run_experiment] Exp. 2, phase 1 on 4 workers", result.output)
+        self.assertIn("[run_experiment] Exp. 2, phase 2 on 2 workers", result.output)
+        self.assertIn("total batch 64 = 4 workers x 16 per worker", result.output)
+        self.assertIn("total batch 64 = 2 workers x 32 per worker", result.output)
+        self.assertIn("phase 2 runs on 2 workers; relaunch with -np 2", result.output)
+        rows = history(model_dir)
+        self.assertEqual(sorted({(h["phase"], h["total_batch"], h["per_worker_batch"])
+                                 for h in rows}), [(0, 64, 16), (1, 64, 32)])
+        # LR: configuration B / 864 at each epoch's last step; momentum: 1 - 0.1 * 32768 / 55296
+        schedule = Schedule("B", total_epochs=0.6, lr_scale=1 / 864, reference_batch=32768 / 864)
+        for h in rows:
+            samples = round(h["epoch"] * SPEC.num_train) - h["total_batch"]
+            self.assertAlmostEqual(h["lr"], schedule.lr(samples / SPEC.num_train), places=7)
+            self.assertAlmostEqual(h["momentum"], 1 - 0.1 * 32768 / 55296, places=4)
+        states = [s for s in (checkpointing.verify(p) for p in
+                              checkpointing.list_checkpoints(model_dir))]
+        self.assertEqual([(s["phase"], s["world_size"], s["phase_boundary"]) for s in states],
+                         [(0, 4, True), (1, 2, True)])
+        self.assertTrue(os.path.exists(os.path.join(model_dir, "summary.json")))
+        # run again: nothing left to launch
+        again = harness.run([LAUNCHER, *self.flags(model_dir), "--", "--gloo"], timeout=120)
+        self.assertEqual(again.returncode, 0, harness.describe(again))
+        self.assertIn("every phase done", again.output)
+        self.assertNotIn("workers:\n", again.output)
+
+
+if __name__ == "__main__":
+    tf.test.main()
