@@ -3,7 +3,8 @@
 Layout: files `train-*` and `validation-*` in one directory, each a TFRecord of
 `tf.train.Example`s with `image/encoded` (JPEG bytes) and `image/class/label` (int64, 1-based
 in ImageNet's conversion: `label_offset=1` maps it to 0..999). The offline set of
-`embedded_data.py` has the same layout.
+`embedded_data.py` has the same layout. Other features (the conversion's bounding boxes,
+`image/object/bbox/*`, among them) are ignored: random crops are drawn over the whole image.
 
 `make_dataset(...)` gives one worker's batches: (images float32 [B, H, W, 3], normalised with
 ImageNet's mean and std; labels int32 [B]). `batch_size` is per worker.

@@ -1,9 +1,10 @@
 """ResNet v1.5 (bottleneck) as a Keras functional model, with Keras' stable layer names.
 
-`resnet(depth=50)` is the ResNet-50 of the paper. v1.5 means the stride-2 of a stage's first
-block sits on the 3x3 conv, not on the first 1x1 as in v1 (Keras' `applications.ResNet50`): about
-6% more compute than v1 for about 0.5% more top-1 accuracy, and the variant that the large-batch
-ResNet-50 records (MLPerf, and the paper's NNL/TPU references) train.
+`resnet(depth=50)` is ResNet-50 in the v1.5 layout: the stride-2 of a stage's first block sits
+on the 3x3 conv, not on the first 1x1 as in v1 (Keras' `applications.ResNet50`). The paper cites
+ResNet-50 [7], the v1 paper; v1.5 is our choice, the layout of the large-batch ResNet-50
+references (MLPerf, TensorFlow's and NVIDIA's official models): about 6% more compute than v1
+for about 0.5% more top-1. `stride_on_3x3=False` builds v1.
 
 Layer names follow Keras' `resnet.py` exactly (`conv1_conv`, `conv2_block1_1_conv`,
 `conv2_block1_1_bn`, `conv2_block1_0_conv` for a projection shortcut, ..., `predictions`), so
@@ -114,7 +115,7 @@ def resnet(*, depth: int = 50, num_classes: int = 1000, width: int = STANDARD_WI
       small_inputs: a 3x3 stride-1 stem without max-pool, for 32-64 px images (CIFAR-style),
         in place of the 7x7 stride-2 conv and 3x3 stride-2 max-pool for ImageNet.
       zero_init_residual: start the last BN gamma of every residual block at zero.
-      stride_on_3x3: True is v1.5 (the paper's model); False puts a stage's stride-2 on the
+      stride_on_3x3: True is v1.5 (our default); False puts a stage's stride-2 on the
         first 1x1 conv, the v1 layout of Keras' ResNet50 (for side-by-side benchmarks).
       name: model name; default `resnet{depth}`.
     """
