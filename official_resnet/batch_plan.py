@@ -80,6 +80,16 @@ def phase_workers(experiment: Experiment, spec: str, world_size: Optional[int] =
     return counts
 
 
+def divided_totals(experiment: Experiment, batch_divisor: int) -> List[int]:
+    """The experiment's total batches divided by batch_divisor; PlanError when one does not."""
+    for phase in experiment.phases:
+        if phase.total_batch % batch_divisor:
+            raise PlanError(f"{experiment.name}: total batch {phase.total_batch} of epochs "
+                            f"{phase.start + 1}-{phase.end} does not divide by batch_divisor "
+                            f"{batch_divisor}; use a power of two up to 1024")
+    return [p.total_batch // batch_divisor for p in experiment.phases]
+
+
 def plan_phases(experiment: Experiment, *, world_size: Optional[int] = None, dataset_size: int,
                 epochs: float = PAPER_EPOCHS, batch_divisor: int = 1,
                 max_micro_batch: Optional[int] = None,
@@ -100,11 +110,7 @@ def plan_phases(experiment: Experiment, *, world_size: Optional[int] = None, dat
     scale = epochs / PAPER_EPOCHS  # paper epoch -> run epoch
     plans = []
     for i, phase in enumerate(experiment.phases):
-        if phase.total_batch % batch_divisor:
-            raise PlanError(f"{experiment.name}: total batch {phase.total_batch} of epochs "
-                            f"{phase.start + 1}-{phase.end} does not divide by batch_divisor "
-                            f"{batch_divisor}; use a power of two up to 1024")
-        total = phase.total_batch // batch_divisor
+        total = divided_totals(experiment, batch_divisor)[i]
         world_size = workers[i]
         if total % world_size:
             totals = [b // batch_divisor for b in experiment.total_batches]

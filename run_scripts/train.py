@@ -68,7 +68,7 @@ def sizes_without_reading(config) -> Optional[dataset_info.DataSizes]:
 def check_batch_fits(config, experiment, train_examples: int) -> None:
     """One line naming the fix when the data cannot hold the experiment's largest batch (the
     card's `train.py --exp=2` on the embedded default, for one)."""
-    largest = max(experiment.total_batches) // config.batch_divisor
+    largest = max(batch_plan.divided_totals(experiment, config.batch_divisor))
     if largest <= train_examples:
         return
     where = (f"{config.data_dir} (the small set generated offline, the default --data_dir)"

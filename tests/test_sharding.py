@@ -7,10 +7,10 @@ import ctypes
 import os
 import struct
 import tempfile
-import unittest
 
 import tensorflow as tf
 
+from official_resnet import embedded_data
 from official_resnet import input_pipeline as ip
 from official_resnet.sharding import FileShard, shard_files
 
@@ -59,7 +59,7 @@ def write_files(directory, split, num_files):
                 writer.write(f"{f}:{r}".encode())
 
 
-class ShardingTest(unittest.TestCase):
+class ShardingTest(tf.test.TestCase):
     F = 6
 
     @classmethod
@@ -108,6 +108,25 @@ class ShardingTest(unittest.TestCase):
     def test_evaluation_shards_the_same_way(self):  # validation: 2 files, 5 workers
         self.check("validation", 2, 5)
 
+    def test_resume_skips_to_the_same_batches_when_files_are_shared(self):
+        """Deterministic resume (skip_batches) with more workers than files."""
+        data = tempfile.mkdtemp()
+        embedded_data.generate(data, embedded_data.EmbeddedSpec(
+            image_size=16, num_train=96, num_validation=8, train_shards=2,
+            validation_shards=1), processes=1)
+
+        def batches(skip):
+            ds = ip.make_dataset(data, "train", 4, image_size=16, num_workers=6, worker_index=3,
+                                 seed=5, deterministic=True, skip_batches=skip,
+                                 validate_records=0)
+            return [(x.numpy(), y.numpy()) for x, y in ds.take(8 - skip)]
+
+        whole, resumed = batches(0), batches(3)
+        self.assertLen(resumed, 5)
+        for (x0, y0), (x1, y1) in zip(whole[3:], resumed):
+            self.assertAllEqual(y0, y1)
+            self.assertAllClose(x0, x1)
+
     def test_assignment(self):
         files = [f"f{i}" for i in range(4)]
         self.assertEqual(shard_files(files, 2, 1), [FileShard("f1"), FileShard("f3")])
@@ -119,4 +138,4 @@ class ShardingTest(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main()
+    tf.test.main()
