@@ -24,6 +24,7 @@ setup(
     extras_require={
         "cpu": [f"tensorflow-cpu=={TF_VERSION}"],
         "gpu": [f"tensorflow[and-cuda]=={TF_VERSION}"],
-        "test": ["pytest", "scikit-learn", "matplotlib"],  # sklearn ships real JPEG photos for input tests
+        # sklearn ships real JPEG photos for input tests; scipy: the cost model's fit (studies)
+        "test": ["pytest", "scikit-learn", "scipy", "matplotlib"],
     },
 )

@@ -182,7 +182,7 @@ def print_planner(sm: cm.StepModel) -> None:
     for n in PLANNER_SIZES:
         paper = TorusGrid(size=n, x=PAPER_GRIDS[n][1])
         square = plan_grid(n, 4)
-        by_cost = plan_grid(n, 4, model=model, nbytes=n_bytes)
+        by_cost = cm.plan_grid_by_cost(n, model, n_bytes, local_size=4)
         ms = lambda g: model.seconds("torus", g, n_bytes) * 1e3  # noqa: E731
         print(f"| {n} | {paper} | {ms(paper):.2f} | {square} | {ms(square):.2f} | {by_cost} | "
               f"{ms(by_cost):.2f} | {by_cost.sequential_steps} |")

@@ -226,32 +226,32 @@ def test_abci_step_model_is_consistent_with_table6_at_four_gpus():
 def test_planner_by_cost_picks_sensible_grids():
     model = cm.CostModel(cm.abci_params(), cm.abci_topology())
     for n in (1024, 2048, 2176, 4096):
-        g = plan_grid(n, 4, model=model, nbytes=cm.RESNET50_FP16_BYTES)
+        g = cm.plan_grid_by_cost(n, model, cm.RESNET50_FP16_BYTES, local_size=4)
         assert (g.y, g.x) == PAPER_GRIDS[n], n  # the paper's grid (Table 4)
-    g = plan_grid(3456, 4, model=model, nbytes=cm.RESNET50_FP16_BYTES)
+    g = cm.plan_grid_by_cost(3456, model, cm.RESNET50_FP16_BYTES, local_size=4)
     best = model.seconds("torus", g, cm.RESNET50_FP16_BYTES)
     for x in (4, 8, 72, 3456):  # never worse than the paper's or degenerate grids
         assert best <= model.seconds("torus", TorusGrid(3456, x), cm.RESNET50_FP16_BYTES)
     # Tiny messages on a slow network: latency rules, and a square grid has the fewest steps.
     slow = cm.CostModel(params(ae=1e-3, be=1e-12), cm.Topology(1))
-    assert str(plan_grid(64, model=slow, nbytes=64)) == "8x8"
+    assert str(cm.plan_grid_by_cost(64, slow, 64)) == "8x8"
     # One rank per host: every grid sends the same bytes (2(N-1)/N n) through the same NICs,
     # so the fewest steps win whatever the size.
-    assert str(plan_grid(16, model=slow, nbytes=1e9)) == "4x4"
+    assert str(cm.plan_grid_by_cost(16, slow, 1e9)) == "4x4"
     # Bandwidth-bound, fast nodes (NVLink-like inside, slow NICs): rows of one node keep the
     # reduce-scatter and all-gather off the network; only 1/4 of the buffer crosses.
     fat = cm.CostModel(params(ai=1e-7, bi=1e-12, ae=1e-7, be=1e-8), cm.Topology(4))
-    assert str(plan_grid(64, 4, model=fat, nbytes=1e9)) == "16x4"
+    assert str(cm.plan_grid_by_cost(64, fat, 1e9, local_size=4)) == "16x4"
     # Defaults unchanged without a model.
     assert str(plan_grid(3456, 4)) == "54x64"
 
 
 def test_planner_arguments_checked():
     model = cm.CostModel(cm.abci_params(), cm.abci_topology())
-    with pytest.raises(GridError, match="both model"):
-        plan_grid(16, 4, model=model)
+    with pytest.raises(ValueError, match="nbytes must be > 0"):
+        cm.plan_grid_by_cost(16, model, 0)
     with pytest.raises(GridError, match="differs"):
-        plan_grid(16, 8, model=model, nbytes=1e6)
+        cm.plan_grid_by_cost(16, model, 1e6, local_size=8)
 
 
 def load_script():

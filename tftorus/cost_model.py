@@ -475,12 +475,16 @@ def fit(measurements: Sequence[Measurement], base: Optional[Params] = None,
 # ==================================================================================================
 
 def plan_grid_by_cost(size: int, model: CostModel, nbytes: float,
-                      reduce_scatter: str = "ring") -> TorusGrid:
+                      reduce_scatter: str = "ring", local_size: Optional[int] = None) -> TorusGrid:
     """The row length X whose torus all-reduce of `nbytes` the model predicts fastest.
 
     Ties (within 1e-9 relative) go to what plan_grid would pick among them: rows of whole
-    hosts, then the squarest, then the wider grid.
+    hosts, then the squarest, then the wider grid. local_size, if given, must be the model's
+    ranks per host.
     """
+    if local_size is not None and local_size != model.topology.ranks_per_host:
+        raise GridError(f"local_size {local_size} differs from the model's topology "
+                        f"({model.topology.ranks_per_host} ranks per host)")
     if nbytes <= 0:
         raise ValueError(f"nbytes must be > 0 to compare grids by cost, got {nbytes}")
     model.topology.hosts(size)

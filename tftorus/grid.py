@@ -106,29 +106,18 @@ def parse_grid(spec: str, size: int) -> TorusGrid:
     return TorusGrid(size=size, x=x)
 
 
-def plan_grid(size: int, local_size: int = 1, model=None, nbytes: float = None) -> TorusGrid:
+def plan_grid(size: int, local_size: int = 1) -> TorusGrid:
     """Pick a grid for `size` ranks when the user gives none.
 
     The torus takes 2(X-1) + 2(Y-1) sequential steps, fewest when X and Y are close, and its
     column phase moves 1/X of the buffer, so between equally square grids the wider one (X >= Y)
     wins. On several nodes, rows are kept whole nodes (X a multiple of `local_size`) when such a
-    grid exists, so the row phases run on intra-node links. A prime world degrades to one row (a ring) with a warning.
-
-    With `model` (a tftorus.cost_model.CostModel) and `nbytes` (the buffer per all-reduce),
-    the grid is instead the one the cost model predicts fastest on the model's topology
-    (tftorus.cost_model.plan_grid_by_cost); `local_size`, if given, must match it.
+    grid exists, so the row phases run on intra-node links. A prime world degrades to one row
+    (a ring) with a warning. (A planner by predicted time on a given cluster is
+    plan_grid_by_cost beside the cost model; the runtime does not use it.)
     """
     if size < 1:
         raise GridError(f"world size must be positive, got {size}")
-    if model is not None or nbytes is not None:
-        if model is None or nbytes is None:
-            raise GridError("plan_grid by cost needs both model= (a cost_model.CostModel) and "
-                            "nbytes= (bytes per all-reduce)")
-        if local_size != 1 and local_size != model.topology.ranks_per_host:
-            raise GridError(f"local_size {local_size} differs from the model's topology "
-                            f"({model.topology.ranks_per_host} ranks per host)")
-        from tftorus import cost_model  # here: cost_model imports this module
-        return cost_model.plan_grid_by_cost(size, model, nbytes)
     candidates = [x for x in divisors(size) if x * x >= size]  # X >= Y
     multi_node = 1 < local_size < size
     whole_nodes = [x for x in candidates if multi_node and x % local_size == 0]
