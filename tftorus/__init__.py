@@ -3,32 +3,61 @@
     import tftorus as hvd            # in place of: import horovod.tensorflow as hvd
     import tftorus.keras as hvd      # in place of: import horovod.tensorflow.keras as hvd
 
-Everything Horovod offers stays available under the same names; `init`,
-`DistributedOptimizer`, `DistributedGradientTape` and `Compression` are tftorus' own.
-`tftorus.world` has rank(), size(), barrier() and broadcast_variables() that also work on the
-tf engine without a Horovod runtime (TF_CONFIG clusters).
+What this module exports is listed in __all__: tftorus' own (init, the optimizer and tape
+wrappers, Compression, the grid, TorusOptions), and Horovod's collectives, process sets and
+queries unchanged under the same names. `elastic` is refused with the reason
+(tftorus.unsupported). `tftorus.world` has rank(), size(), barrier() and broadcast_variables()
+that also work on the tf engine without a Horovod runtime (TF_CONFIG clusters).
 """
-from horovod.tensorflow import *  # noqa: F401,F403  rank(), size(), broadcast_variables(), ...
-
-from tftorus import world  # noqa: F401
-from tftorus.compression import Compression  # noqa: F401  adds bf16 to Horovod's choices
-from tftorus.context import init, shutdown  # noqa: F401
-from tftorus.grid import PAPER_GRIDS, GridError, TorusGrid, plan_grid, resolve_grid  # noqa: F401
-from tftorus.optimizer import DistributedGradientTape, torus_gradient_reduction  # noqa: F401
-from tftorus.reduction import (SUPPORTED_DTYPES, TorusOptions, fused_allreduce,  # noqa: F401
-                               gradient_reducer)
 import horovod.tensorflow as _hvd_tf
-from tftorus.optimizer import torus_gradient_reduction as _reduction
+from horovod.tensorflow import (  # noqa: F401  Horovod's own, unchanged
+    Adasum, Average, BroadcastGlobalVariablesHook, Max, Min, ProcessSet, Product, Sum,
+    SyncBatchNormalization, add_process_set, allgather, allgather_object, allreduce, alltoall,
+    broadcast, broadcast_, broadcast_object, broadcast_object_fn, broadcast_variables,
+    ccl_built, cross_rank, cross_size, cuda_built, ddl_built, global_process_set, gloo_built,
+    gloo_enabled, grouped_allgather, grouped_allreduce, grouped_reducescatter, is_homogeneous,
+    is_initialized, join, local_rank, local_size, mpi_built, mpi_enabled, mpi_threads_supported,
+    nccl_built, rank, reducescatter, remove_process_set, rocm_built, size, start_timeline,
+    stop_timeline)
+
+from tftorus import world
+from tftorus.compression import Compression  # adds bf16 to Horovod's choices
+from tftorus.context import init, shutdown
+from tftorus.grid import PAPER_GRIDS, GridError, TorusGrid, plan_grid, resolve_grid
+from tftorus.optimizer import (DistributedGradientTape, PartialDistributedGradientTape,
+                               check_optimizer, over_the_torus, torus_gradient_reduction)
+from tftorus.reduction import SUPPORTED_DTYPES, TorusOptions, fused_allreduce, gradient_reducer
+from tftorus.unsupported import UnsupportedError, refuse
 
 
-def DistributedOptimizer(optimizer, *args, algorithm="torus", grid=None,
-                         fusion_threshold_bytes=128 * 1024 * 1024, check_consistency=True,
-                         engine=None, **kwargs):
-    """`horovod.tensorflow.DistributedOptimizer` (legacy TF optimizers and Keras ones),
-    reducing over the torus. Torus options as in `tftorus.keras.DistributedOptimizer`."""
-    with _reduction(TorusOptions(algorithm, grid, fusion_threshold_bytes, check_consistency,
-                                 engine)):
-        return _hvd_tf.DistributedOptimizer(optimizer, *args, **kwargs)
+def DistributedOptimizer(optimizer, *args, **kwargs):
+    """`horovod.tensorflow.DistributedOptimizer` (its arguments, for legacy TF optimizers and
+    Keras ones), reducing over the torus; torus options as tftorus.keras.DistributedOptimizer's.
+    The same implementation as that one (tftorus.optimizer.over_the_torus)."""
+    check_optimizer(optimizer)
+    return over_the_torus(_hvd_tf.DistributedOptimizer, optimizer, args, kwargs)
 
 
 __version__ = "0.1.0"
+
+__all__ = [
+    # tftorus' own
+    "init", "shutdown", "DistributedOptimizer", "DistributedGradientTape",
+    "PartialDistributedGradientTape", "Compression", "TorusOptions", "TorusGrid", "GridError",
+    "PAPER_GRIDS", "plan_grid", "resolve_grid", "gradient_reducer", "fused_allreduce",
+    "torus_gradient_reduction", "SUPPORTED_DTYPES", "UnsupportedError", "world",
+    # Horovod's, unchanged
+    "Average", "Sum", "Adasum", "Min", "Max", "Product", "ProcessSet", "global_process_set",
+    "add_process_set", "remove_process_set", "allreduce", "grouped_allreduce", "allgather",
+    "grouped_allgather", "allgather_object", "broadcast", "broadcast_", "broadcast_object",
+    "broadcast_object_fn", "broadcast_variables", "alltoall", "reducescatter",
+    "grouped_reducescatter", "join", "SyncBatchNormalization", "BroadcastGlobalVariablesHook",
+    "rank", "size", "local_rank", "local_size", "cross_rank", "cross_size", "is_initialized",
+    "is_homogeneous", "start_timeline", "stop_timeline", "mpi_built", "mpi_enabled",
+    "mpi_threads_supported", "gloo_built", "gloo_enabled", "nccl_built", "ddl_built",
+    "ccl_built", "cuda_built", "rocm_built",
+]
+
+
+def __getattr__(name):  # Horovod names tftorus cannot honour: a clear error, not Horovod's
+    return refuse(__name__, name)

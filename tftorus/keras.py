@@ -1,11 +1,34 @@
 """`import tftorus.keras as hvd` in place of `import horovod.tensorflow.keras as hvd`.
 
-Horovod's Keras API as it is (callbacks for broadcast, metric averaging and LR warm-up,
-rank(), size(), ...), with the optimizer, load_model and init reducing over the 2D torus.
+Horovod's Keras API (callbacks for broadcast, metric averaging and LR warm-up, rank(), size(),
+...), with the optimizer, load_model and init reducing over the 2D torus. Everything exported
+is listed in __all__; `elastic` is refused (see tftorus.unsupported).
 """
-from horovod.tensorflow.keras import *  # noqa: F401,F403
-from horovod.tensorflow.keras import callbacks, elastic  # noqa: F401  Horovod's own, they fit
+from horovod.tensorflow.keras import (  # noqa: F401  Horovod's own, unchanged
+    Average, ProcessSet, Sum, add_process_set, allgather, allreduce, broadcast,
+    broadcast_global_variables, callbacks, ccl_built, cross_rank, cross_size, cuda_built,
+    ddl_built, global_process_set, gloo_built, gloo_enabled, is_initialized, local_rank,
+    local_size, mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank, reducescatter,
+    remove_process_set, rocm_built, size, start_timeline, stop_timeline)
 
-from tftorus.compression import Compression  # noqa: F401
-from tftorus.context import init, shutdown  # noqa: F401
-from tftorus.optimizer import DistributedOptimizer, load_model  # noqa: F401
+from tftorus.compression import Compression
+from tftorus.context import init, shutdown
+from tftorus.optimizer import DistributedOptimizer, load_model
+from tftorus.reduction import TorusOptions
+from tftorus.unsupported import refuse
+
+__all__ = [
+    # tftorus' own
+    "init", "shutdown", "DistributedOptimizer", "load_model", "Compression", "TorusOptions",
+    # Horovod's, unchanged
+    "Average", "Sum", "ProcessSet", "global_process_set", "add_process_set",
+    "remove_process_set", "allgather", "allreduce", "broadcast", "broadcast_global_variables",
+    "reducescatter", "callbacks", "rank", "size", "local_rank", "local_size", "cross_rank",
+    "cross_size", "is_initialized", "start_timeline", "stop_timeline", "mpi_built",
+    "mpi_enabled", "mpi_threads_supported", "gloo_built", "gloo_enabled", "nccl_built",
+    "ddl_built", "ccl_built", "cuda_built", "rocm_built",
+]
+
+
+def __getattr__(name):  # Horovod names tftorus cannot honour: a clear error, not Horovod's
+    return refuse(__name__, name)

@@ -11,9 +11,10 @@ import contextlib
 import threading
 
 import horovod.tensorflow as hvd_tf
+import tensorflow as tf
 import horovod.tensorflow.keras as hvd_keras
 
-from tftorus import context, fusion, reduction
+from tftorus import context, reduction
 from tftorus.reduction import TorusOptions
 
 _SEAM_LOCK = threading.RLock()
@@ -40,12 +41,6 @@ def torus_gradient_reduction(options: TorusOptions):
             hvd_tf._make_allreduce_grads_fn = original
 
 
-def _options(algorithm, grid, fusion_threshold_bytes, check_consistency, engine):
-    return TorusOptions(algorithm=algorithm, grid=grid,
-                        fusion_threshold_bytes=fusion_threshold_bytes,
-                        check_consistency=check_consistency, engine=engine)
-
-
 def _world_set_without_horovod(engine, kwargs):
     """On a TF_CONFIG cluster (tf engine, no Horovod runtime) Horovod's wrappers still ask their
     process set for size() and included(): hand them one that the tf engine answers."""
@@ -54,14 +49,31 @@ def _world_set_without_horovod(engine, kwargs):
     return kwargs
 
 
-def DistributedOptimizer(optimizer, *args, algorithm="torus", grid=None,
-                         fusion_threshold_bytes=fusion.DEFAULT_THRESHOLD_BYTES,
-                         check_consistency=True, engine=None, **kwargs):
+def over_the_torus(horovod_wrapper, wrapped, args, kwargs, takes_process_set: bool = True):
+    """`horovod_wrapper(wrapped, *args, **kwargs)` (one of Horovod's optimizer or tape
+    wrappers) with its gradients reduced by tftorus: the one implementation behind every
+    wrapper below and tftorus.DistributedOptimizer. kwargs may hold the TorusOptions."""
+    options = TorusOptions.pop_from(kwargs)
+    if takes_process_set:
+        kwargs = _world_set_without_horovod(options.engine, kwargs)
+    with torus_gradient_reduction(options):
+        return horovod_wrapper(wrapped, *args, **kwargs)
+
+
+def check_optimizer(optimizer) -> None:
+    if isinstance(optimizer, str) or not callable(getattr(optimizer, "apply_gradients", None)):
+        # e.g. 'sgd', which compile() takes
+        raise TypeError(f"DistributedOptimizer wraps an optimizer instance, e.g. "
+                        f"tf.keras.optimizers.SGD(0.1); got {optimizer!r}")
+
+
+def DistributedOptimizer(optimizer, *args, **kwargs):
     """`horovod.tensorflow.keras.DistributedOptimizer`, reducing over the 2D torus.
 
     Takes every argument of Horovod 0.28.1's (name, device_dense, device_sparse, compression,
     sparse_as_dense, gradient_predivide_factor, op, backward_passes_per_step,
-    average_aggregated_gradients, num_groups, groups, process_set, scale_local_gradients), plus:
+    average_aggregated_gradients, num_groups, groups, process_set, scale_local_gradients), plus
+    the torus options (`torus_options=TorusOptions(...)`, or its fields by name):
 
       algorithm: 'torus' (the paper's), 'ring' (flat) or 'hierarchical' (per node, then across).
       grid: None for the grid given to tftorus.init(), or 'YxX' / (Y, X) / row length / 'paper'.
@@ -71,32 +83,37 @@ def DistributedOptimizer(optimizer, *args, algorithm="torus", grid=None,
       engine: 'horovod' (process sets) or 'tf' (TensorFlow's collective ops); None: the engine
         tftorus.init() started.
     """
-    if not callable(getattr(optimizer, "get_config", None)):  # e.g. 'sgd', which compile() takes
-        raise TypeError(f"DistributedOptimizer wraps an optimizer instance, e.g. "
-                        f"tf.keras.optimizers.SGD(0.1); got {optimizer!r}")
-    with torus_gradient_reduction(_options(algorithm, grid, fusion_threshold_bytes,
-                                           check_consistency, engine)):
-        return hvd_keras.DistributedOptimizer(optimizer, *args,
-                                              **_world_set_without_horovod(engine, kwargs))
+    check_optimizer(optimizer)
+    return over_the_torus(hvd_keras.DistributedOptimizer, optimizer, args, kwargs)
 
 
-def DistributedGradientTape(gradtape, *args, algorithm="torus", grid=None,
-                            fusion_threshold_bytes=fusion.DEFAULT_THRESHOLD_BYTES,
-                            check_consistency=True, engine=None, **kwargs):
+def DistributedGradientTape(gradtape, *args, **kwargs):
     """`horovod.tensorflow.DistributedGradientTape`, reducing over the 2D torus.
 
     Takes every argument of Horovod 0.28.1's, plus the torus options of DistributedOptimizer.
     """
-    with torus_gradient_reduction(_options(algorithm, grid, fusion_threshold_bytes,
-                                           check_consistency, engine)):
-        return hvd_tf.DistributedGradientTape(gradtape, *args,
-                                              **_world_set_without_horovod(engine, kwargs))
+    return over_the_torus(hvd_tf.DistributedGradientTape, gradtape, args, kwargs)
 
 
-def load_model(filepath, *args, algorithm="torus", grid=None,
-               fusion_threshold_bytes=fusion.DEFAULT_THRESHOLD_BYTES, check_consistency=True,
-               engine=None, **kwargs):
-    """`horovod.tensorflow.keras.load_model`: a saved model whose optimizer reduces over the torus."""
-    with torus_gradient_reduction(_options(algorithm, grid, fusion_threshold_bytes,
-                                           check_consistency, engine)):
-        return hvd_keras.load_model(filepath, *args, **kwargs)
+def PartialDistributedGradientTape(gradtape, *args, local_layers=None, **kwargs):
+    """`horovod.tensorflow.PartialDistributedGradientTape` over the torus: the gradients of
+    `local_layers` (a Keras layer or a list of them) stay on each worker (scaled by 1/size unless
+    scale_local_gradients=False, as Horovod's), the others are reduced as by
+    DistributedGradientTape, whose arguments it takes."""
+    if local_layers is None:
+        local_layers = []
+    elif isinstance(local_layers, tf.keras.layers.Layer):
+        local_layers = [local_layers]
+    if not all(isinstance(layer, tf.keras.layers.Layer) for layer in local_layers):
+        raise ValueError("local_layers must be tf.keras.layers.Layer objects")
+    tape = DistributedGradientTape(gradtape, *args, **kwargs)
+    for layer in local_layers:
+        for var in layer.trainable_weights:
+            tape.register_local_source(var)
+    return tape
+
+
+def load_model(filepath, *args, **kwargs):
+    """`horovod.tensorflow.keras.load_model`: a saved model whose optimizer reduces over the
+    torus (torus options as DistributedOptimizer's)."""
+    return over_the_torus(hvd_keras.load_model, filepath, args, kwargs, takes_process_set=False)

@@ -38,6 +38,18 @@ class TorusOptions:
     check_consistency: bool = True  # one tiny all-reduce per step: mismatched ranks fail, not hang
     engine: Optional[str] = None  # 'horovod' or 'tf'; None: the engine tftorus.init() started
 
+    @classmethod
+    def pop_from(cls, kwargs: dict) -> "TorusOptions":
+        """The options from a call's keyword arguments, removed from them: `torus_options=`
+        (a TorusOptions), or its fields by name (algorithm=, grid=, ...), not both."""
+        given = {f.name: kwargs.pop(f.name) for f in dataclasses.fields(cls) if f.name in kwargs}
+        options = kwargs.pop("torus_options", None)
+        if options is not None and given:
+            raise TypeError(f"give torus_options= or its fields ({', '.join(given)}), not both")
+        if options is not None and not isinstance(options, cls):
+            raise TypeError(f"torus_options must be a tftorus.TorusOptions, got {options!r}")
+        return options or cls(**given)
+
     def __post_init__(self):
         algorithms.check_algorithm(self.algorithm)
         context.check_engine_name(self.engine)
@@ -245,18 +257,16 @@ def make_allreduce_grads_fn(name: str, compression, sparse_as_dense: bool, op,
     return tf.function(allreduce_grads) if tf.executing_eagerly() else allreduce_grads
 
 
-def gradient_reducer(op=hvd.Average, compression=Compression.none, *, algorithm: str = "torus",
-                     grid: GridSpec = None,
-                     fusion_threshold_bytes: int = fusion.DEFAULT_THRESHOLD_BYTES,
-                     check_consistency: bool = True, engine: Optional[str] = None,
-                     name: str = "GradientReducer"):
+def gradient_reducer(op=hvd.Average, compression=Compression.none, *,
+                     name: str = "GradientReducer", **torus):
     """`reduce(grads, vars=None) -> grads` averaged (or summed) over all workers on the torus.
 
     For custom training steps that accumulate or scale gradients themselves before one
     all-reduce per optimizer step (the trainer in official_resnet does). Same semantics as the
-    reduction inside DistributedOptimizer.
+    reduction inside DistributedOptimizer; `torus`: TorusOptions' fields by name (algorithm=,
+    grid=, fusion_threshold_bytes=, check_consistency=, engine=) or torus_options=.
     """
-    options = TorusOptions(algorithm=algorithm, grid=grid,
-                           fusion_threshold_bytes=fusion_threshold_bytes,
-                           check_consistency=check_consistency, engine=engine)
+    options = TorusOptions.pop_from(torus)
+    if torus:
+        raise TypeError(f"gradient_reducer() got unexpected arguments {sorted(torus)}")
     return make_allreduce_grads_fn(name, compression, False, op, 1.0, None, None, options)

@@ -82,6 +82,21 @@ def main():
             compare(f"{label}/{algorithm}", ours, theirs, 2e-3 if "fp16" in label else 1e-6)
             if not kwargs.get("sparse_as_dense") and not isinstance(ours[2], tf.IndexedSlices):
                 failures.append(f"{label}/{algorithm}: embedding gradient is no IndexedSlices")
+    # PartialDistributedGradientTape: a local layer's gradients stay on the worker (scaled by
+    # 1/size, as Horovod's scale_local_gradients), the others are averaged over the torus.
+    local = tf.keras.layers.Dense(2, kernel_initializer="ones", name="local")
+    local.build((None, 3))
+
+    def partial(make_tape, **kwargs):
+        with tf.GradientTape() as tape:
+            value = loss_fn(vs, rank) + tf.reduce_sum(local(tf.ones([1, 3]) * (rank + 1.0)))
+        return make_tape(tape, local_layers=[local], **kwargs).gradient(
+            value, vs[:2] + local.trainable_weights)
+
+    for algorithm in ("torus", "ring"):
+        compare(f"partial/{algorithm}",
+                partial(tftorus.PartialDistributedGradientTape, algorithm=algorithm),
+                partial(hvd.PartialDistributedGradientTape), 1e-6)
     # Mixed dtypes in one fused call.
     mixed = [tf.fill([3], float(rank)), tf.fill([2], np.float16(rank)),
              tf.fill([4], np.int32(rank)), tf.fill([1], np.float64(rank))]

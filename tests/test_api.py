@@ -1,0 +1,52 @@
+"""Issue 18: the facades export what __all__ lists, refuse what they cannot honour with the
+reason, and take the torus options as one TorusOptions or by name."""
+import tensorflow as tf
+
+import tftorus
+import tftorus.keras
+from tftorus.reduction import TorusOptions
+
+
+class ApiTest(tf.test.TestCase):
+
+    def test_every_exported_name_exists(self):
+        for module in (tftorus, tftorus.keras):
+            with self.subTest(module=module.__name__):
+                self.assertEqual(len(module.__all__), len(set(module.__all__)))
+                for name in module.__all__:
+                    self.assertTrue(hasattr(module, name), name)
+
+    def test_ours_where_horovods_would_bypass_the_torus(self):
+        self.assertEqual(tftorus.PartialDistributedGradientTape.__module__, "tftorus.optimizer")
+        for module in (tftorus, tftorus.keras):
+            self.assertTrue(module.DistributedOptimizer.__module__.startswith("tftorus"))
+        self.assertIs(tftorus.keras.TorusOptions, tftorus.TorusOptions)
+
+    def test_elastic_is_refused_with_the_reason(self):
+        for module in (tftorus, tftorus.keras):
+            with self.assertRaisesRegex(tftorus.UnsupportedError,
+                                        r"elastic is not supported: .*process sets once"):
+                module.elastic  # noqa: B018
+            self.assertFalse(hasattr(module, "elastic"))
+        with self.assertRaisesRegex(AttributeError, "no attribute 'no_such_name'"):
+            tftorus.no_such_name  # noqa: B018
+
+    def test_torus_options_by_name_or_as_one(self):
+        kwargs = {"algorithm": "ring", "grid": "2x2", "name": "x"}
+        self.assertEqual(TorusOptions.pop_from(kwargs), TorusOptions("ring", "2x2"))
+        self.assertEqual(kwargs, {"name": "x"})  # Horovod's arguments stay
+        options = TorusOptions(fusion_threshold_bytes=0)
+        self.assertIs(TorusOptions.pop_from({"torus_options": options}), options)
+        with self.assertRaisesRegex(TypeError, "not both"):
+            TorusOptions.pop_from({"torus_options": options, "grid": "2x2"})
+        with self.assertRaisesRegex(ValueError, "algorithm"):
+            TorusOptions.pop_from({"algorithm": "tree"})
+
+    def test_both_optimizer_facades_refuse_a_name(self):
+        for module in (tftorus, tftorus.keras):
+            with self.assertRaisesRegex(TypeError, "wraps an optimizer instance"):
+                module.DistributedOptimizer("sgd")
+
+
+if __name__ == "__main__":
+    tf.test.main()
