@@ -70,6 +70,16 @@ class Communicator(abc.ABC):
             return tensor
         return self._all_gather(tensor, group, equal_sizes)
 
+    def _sum_16bit(self, tensor: tf.Tensor, group: Group) -> tf.Tensor:
+        """A 16-bit float sum as reduce-scatter (all-to-all, then an FP32 sum) + all-gather: the
+        bytes of a ring, with 32-bit sums. Both engines' CPU all-reduces sum FP16/BF16 in 16 bits
+        at each hop or one scalar at a time (docs/benchmarks.md)."""
+        flat = tf.reshape(tensor, [-1])
+        length = flat.shape[0] if flat.shape[0] is not None else tf.shape(flat)[0]
+        padded = tf.pad(flat, [[0, (-length) % len(group)]])
+        shard = self._reduce_scatter(padded, group)
+        return tf.reshape(self._all_gather(shard, group, True)[:length], tf.shape(tensor))
+
     def _check(self, group: Sequence[int]) -> Group:
         group = tuple(sorted(int(r) for r in group))
         if self.rank not in group:
@@ -97,3 +107,20 @@ def sum_in_fp32(chunks: tf.Tensor) -> tf.Tensor:
     if dtype in (tf.float16, tf.bfloat16):
         return tf.cast(tf.reduce_sum(tf.cast(chunks, tf.float32), axis=0), dtype)
     return tf.reduce_sum(chunks, axis=0)
+
+
+REDUCE_SCATTER_IMPLS = ("auto", "alltoall", "native")
+
+
+def choose_reduce_scatter(requested: str, native_available: bool, why_not_native: str) -> str:
+    """How an engine does its reduce-scatter: 'alltoall' (each member gets its chunk from
+    everyone and sums locally: the bytes of a reduce-scatter), 'native' (the engine's own,
+    where it has a correct and fast one: NCCL), or 'auto' (native where available)."""
+    if requested not in REDUCE_SCATTER_IMPLS:
+        raise ValueError(f"reduce_scatter_impl must be one of {REDUCE_SCATTER_IMPLS}, "
+                         f"got {requested!r}")
+    if requested == "auto":
+        return "native" if native_available else "alltoall"
+    if requested == "native" and not native_available:
+        raise ValueError(why_not_native)
+    return requested

@@ -8,16 +8,18 @@ from typing import Dict, Iterable
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
-from tftorus.communicator import Communicator, Group, sum_in_fp32
+from tftorus.communicator import Communicator, Group, choose_reduce_scatter, sum_in_fp32
 
 
 _HVD_OPS = {"sum": hvd.Sum, "max": hvd.Max, "min": hvd.Min}
 
-#: How the row reduce-scatter is done. 'alltoall' sends each member its chunk and sums locally
-#: (the same bytes as a reduce-scatter); with Horovod 0.28.1's Gloo ops it measured 3-5x as fast
-#: as hvd.reducescatter here (docs/benchmarks.md). 'native' uses hvd.reducescatter, for NCCL on
-#: GPUs only: on Gloo it returned wrong sums inside our graphs in the benchmark, so it is refused.
-REDUCE_SCATTER_IMPLS = ("alltoall", "native")
+#: The row reduce-scatter defaults to 'alltoall': with Horovod 0.28.1's Gloo ops it measured 3-5x
+#: as fast as hvd.reducescatter here (docs/benchmarks.md). 'native' (hvd.reducescatter) is for
+#: NCCL on GPUs only: on Gloo it returned wrong sums inside our graphs in the benchmark.
+NATIVE_REFUSED = (
+    "reduce_scatter_impl='native' needs Horovod built with NCCL: on Gloo, hvd.reducescatter "
+    "measured 3-5x slower than the default 'alltoall' and returned a wrong sum for ResNet-50's "
+    "fused gradients (docs/benchmarks.md); leave reduce_scatter_impl at 'alltoall'")
 
 
 class ProcessSetError(RuntimeError):
@@ -31,16 +33,8 @@ class HorovodCommunicator(Communicator):
                  reduce_scatter_impl: str = "alltoall"):
         if not hvd.is_initialized():
             raise RuntimeError("Horovod is not initialised: call tftorus.init() first")
-        if reduce_scatter_impl not in REDUCE_SCATTER_IMPLS:
-            raise ValueError(f"reduce_scatter_impl must be one of {REDUCE_SCATTER_IMPLS}, "
-                             f"got {reduce_scatter_impl!r}")
-        self.reduce_scatter_impl = reduce_scatter_impl
-        if reduce_scatter_impl == "native" and not hvd.nccl_built():
-            raise ValueError(
-                "reduce_scatter_impl='native' needs Horovod built with NCCL: on Gloo, "
-                "hvd.reducescatter measured 3-5x slower than the default 'alltoall' and "
-                "returned a wrong sum for ResNet-50's fused gradients (docs/benchmarks.md); "
-                "leave reduce_scatter_impl at 'alltoall'")
+        self.reduce_scatter_impl = choose_reduce_scatter(reduce_scatter_impl,
+                                                         hvd.nccl_built(), NATIVE_REFUSED)
         # Gloo sums FP16 one scalar at a time on CPUs (and Horovod takes no bf16); NCCL sums
         # 16-bit floats natively, so keep hvd.allreduce for 16-bit sums where NCCL is built.
         self.sum_16bit_in_fp32 = not hvd.nccl_built()
@@ -89,15 +83,6 @@ class HorovodCommunicator(Communicator):
             wide = hvd.allreduce(tf.cast(tensor, tf.float32), op=_HVD_OPS[op], process_set=ps)
             return tf.cast(wide, tf.bfloat16)
         return hvd.allreduce(tensor, op=_HVD_OPS[op], process_set=ps)
-
-    def _sum_16bit(self, tensor, group):
-        """A 16-bit all-reduce as reduce-scatter (alltoall + FP32 sum) + all-gather: the same
-        bytes as a ring, without Gloo's slow scalar FP16 sum (measured in docs/benchmarks.md)."""
-        flat = tf.reshape(tensor, [-1])
-        length = flat.shape[0] if flat.shape[0] is not None else tf.shape(flat)[0]
-        padded = tf.pad(flat, [[0, (-length) % len(group)]])
-        shard = self._reduce_scatter(padded, group)
-        return tf.reshape(self._all_gather(shard, group)[:length], tf.shape(tensor))
 
     def _all_gather(self, tensor, group, equal_sizes=False):
         del equal_sizes  # hvd.allgather takes any first dimension at no extra cost

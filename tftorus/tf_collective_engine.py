@@ -65,12 +65,11 @@ from tensorflow.python.framework import errors
 from tensorflow.python.framework import ops
 from tensorflow.python.ops import collective_ops, gen_collective_ops
 
-from tftorus.communicator import Communicator, Group, sum_in_fp32
+from tftorus.communicator import Communicator, Group, choose_reduce_scatter, sum_in_fp32
 from tftorus.tf_cluster import Cluster
 
 #: 'alltoall': all-to-all + local FP32 sum (any device). 'native': CollectiveReduceScatterV2,
 #: NCCL only. 'auto': native where this task has a GPU, else alltoall.
-REDUCE_SCATTER_IMPLS = ("auto", "alltoall", "native")
 
 _MERGE_OPS = {"sum": "Add", "max": "Max", "min": "Min"}
 _GROUP_KEY_FIRST = 1 << 20  # tf.distribute counts its group keys up from 1: stay clear of them
@@ -138,9 +137,6 @@ class TFCollectiveCommunicator(Communicator):
         first used). timeout: seconds per collective (default: the cluster's).
         max_message_bytes: largest block of one all-to-all or all-gather; larger ones go as
         several collectives (default: TFTORUS_TF_MAX_MESSAGE_MB, else 16 MiB)."""
-        if reduce_scatter_impl not in REDUCE_SCATTER_IMPLS:
-            raise ValueError(f"reduce_scatter_impl must be one of {REDUCE_SCATTER_IMPLS} for the "
-                             f"tf engine, got {reduce_scatter_impl!r}")
         self._cluster = cluster
         self.timeout = float(timeout if timeout is not None else cluster.timeout)
         if self.timeout <= 0:
@@ -148,12 +144,9 @@ class TFCollectiveCommunicator(Communicator):
         gpu = bool(tf.config.list_logical_devices("GPU")) if cluster.size > 1 else False
         self._device = (f"{cluster.task(cluster.rank)}/device:GPU:0" if gpu else cluster.device)
         self._hint = "nccl" if gpu else "auto"
-        if reduce_scatter_impl == "auto":
-            reduce_scatter_impl = "native" if gpu else "alltoall"
-        if reduce_scatter_impl == "native" and not gpu:
-            raise ValueError("reduce_scatter_impl='native' (CollectiveReduceScatterV2) exists "
-                             "only for GPUs (NCCL) in TF 2.15; use 'alltoall' on CPUs")
-        self.reduce_scatter_impl = reduce_scatter_impl
+        self.reduce_scatter_impl = choose_reduce_scatter(
+            reduce_scatter_impl, gpu, "reduce_scatter_impl='native' (CollectiveReduceScatterV2) "
+            "exists only for GPUs (NCCL) in TF 2.15; use 'alltoall' on CPUs")
         self.max_message_bytes = _max_message_bytes(max_message_bytes)
         self._lock = threading.Lock()
         self._group_keys: Dict[Group, int] = {}
@@ -295,14 +288,6 @@ class TFCollectiveCommunicator(Communicator):
                 **self._args(group, ("all_reduce", _MERGE_OPS[op], tensor.dtype.name,
                                      tuple(tensor.shape.as_list()))))
         return self._run(build)
-
-    def _sum_16bit(self, tensor, group):
-        """reduce-scatter (FP32 sum of all-to-all'd chunks) + all-gather: ring bytes, 32-bit sums."""
-        flat = tf.reshape(tensor, [-1])
-        length = int(flat.shape[0])
-        padded = tf.pad(flat, [[0, (-length) % len(group)]])
-        shard = self._reduce_scatter(padded, group)
-        return tf.reshape(self._all_gather(shard, group, True)[:length], tf.shape(tensor))
 
     def _all_gather(self, tensor, group, equal_sizes=False):
         tensor = tf.convert_to_tensor(tensor)
