@@ -1,6 +1,6 @@
 """The convergence study's arms resolve to what docs/convergence.md says, and its report works.
 
-The study itself (run_scripts/convergence_study.py, ~27 min) is not run here.
+The study itself (studies/convergence_study.py, ~27 min) is not run here.
 """
 import importlib.util
 import os
@@ -26,7 +26,7 @@ def load(name, path):
     return module
 
 
-study = load("convergence_study", ("run_scripts", "convergence_study.py"))
+study = load("convergence_study", ("studies", "convergence_study.py"))
 train = load("train_script", ("run_scripts", "train.py"))
 
 EPOCHS, DATASET, SMALL = 12.0, 10000, 16

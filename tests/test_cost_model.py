@@ -1,5 +1,4 @@
 """The cost model: formulas on hand-computed cases, the fit, the planner. Pure numpy, fast."""
-import importlib.util
 import os
 
 import numpy as np
@@ -8,7 +7,6 @@ import pytest
 from tftorus import cost_model as cm
 from tftorus.grid import PAPER_GRIDS, GridError, TorusGrid, plan_grid
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ONE_HOST = cm.Topology(ranks_per_host=64)  # every world below fits on it: all links intra-host
 
 
@@ -255,17 +253,14 @@ def test_planner_arguments_checked():
 
 
 def load_script():
-    spec = importlib.util.spec_from_file_location(
-        "scale_model", os.path.join(ROOT, "run_scripts", "scale_model.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from studies import scale_model
+    return scale_model
 
 
 def test_scale_model_script_rejects_missing_or_foreign_csv(tmp_path, capsys):
     script = load_script()
     assert script.main(["--no-paper", "--csv", str(tmp_path / "none.csv")]) == 2
-    assert "emulated_cluster.py" in capsys.readouterr().err
+    assert "studies.emulated_cluster" in capsys.readouterr().err
     foreign = tmp_path / "bench.csv"
     foreign.write_text("np,grid,workload,kind,name,median_ms\n4,2x2,flat 1 MiB,variant,hvd,9.8\n")
     assert script.main(["--no-paper", "--csv", str(foreign)]) == 2

@@ -1,4 +1,4 @@
-"""The emulated cluster (run_scripts/emulated_cluster.py): its links are really rate-limited,
+"""The emulated cluster (studies/emulated_cluster.py): its links are really rate-limited,
 Horovod runs across its namespaces, and nothing is left behind. Needs root; skipped otherwise."""
 import os
 import subprocess
@@ -8,8 +8,7 @@ import unittest
 
 from tests import harness
 
-sys.path.insert(0, os.path.join(harness.ROOT, "run_scripts"))
-import emulated_cluster as ec  # noqa: E402
+from studies import emulated_cluster as ec
 
 REASON = ec.why_not_possible()
 
@@ -61,7 +60,7 @@ class EmulatedClusterTest(unittest.TestCase):
         out = os.path.join(harness.ROOT, "runs", "test_emulated")
         start = time.monotonic()
         result = subprocess.run(
-            [sys.executable, os.path.join(harness.ROOT, "run_scripts", "emulated_cluster.py"),
+            [sys.executable, "-m", "studies.emulated_cluster",
              "--hosts", "2", "--ranks-per-host", "2", "--sizes", "64K", "--resnet",
              "--engines", "horovod", "--variants", "hvd", "torus", "ring", "hierarchical",
              "--repeats", "2", "--out", out, "--timeout", "240"],

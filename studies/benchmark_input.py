@@ -1,7 +1,7 @@
 """Input-pipeline throughput: images/s of the training and evaluation pipelines per CPU core.
 
-    python run_scripts/benchmark_input.py                      # the embedded data, 64 -> 224 px
-    python run_scripts/benchmark_input.py --data_dir=/imagenet --image_size=224
+    python -m studies.benchmark_input                      # the embedded data, 64 -> 224 px
+    python -m studies.benchmark_input --data_dir=/imagenet --image_size=224
 
 tf.data's thread pool is capped at 1 and then at each larger count up to --max_threads, so
 the images/s of one core can be read directly (decode, the paper's augmentations, batching).
@@ -12,7 +12,6 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import tensorflow as tf  # noqa: E402

@@ -1,16 +1,16 @@
 """The all-reduce cost model at the paper's scale, and fitted to measured times.
 
-    PYTHONPATH=. python run_scripts/scale_model.py
+    python -m studies.scale_model
         paper scale: ring, hierarchical and torus on ABCI-like parameters (documented, nothing
         fitted) beside Table 6; per-phase breakdown; assumptions varied one at a time; the
         planner's grids beside Table 4; writes docs/img/scale_efficiency.png
 
-    PYTHONPATH=. python run_scripts/scale_model.py --csv /tmp/tftorus_emulated/allreduce.csv
-        also fits the link parameters to the emulated cluster's CSV (run_scripts/
+    python -m studies.scale_model --csv /tmp/tftorus_emulated/allreduce.csv
+        also fits the link parameters to the emulated cluster's CSV (studies/
         emulated_cluster.py writes it; docs/emulated_cluster.md) and prints predicted against
         measured for every point, flagging those more than 20 % off.
 
-    --single-host  reads a run_scripts/benchmark_allreduce.py CSV (one machine, no hosts/bytes
+    --single-host  reads a studies/benchmark_allreduce.py CSV (one machine, no hosts/bytes
         columns): every rank on one host, bytes from the workload name.
 
 Tables are printed as Markdown so docs/scale.md can quote them as they are.
@@ -291,8 +291,9 @@ def workload_bytes(workload: str) -> int:
 
 
 def read_rows(path: str, single_host: bool) -> List[dict]:
-    how = ("run `PYTHONPATH=. python run_scripts/emulated_cluster.py` first (docs/emulated_cluster.md), "
-           "or give a run_scripts/benchmark_allreduce.py CSV with --single-host")
+    how = ("run `sudo .venv/bin/python -m studies.emulated_cluster` first "
+           "(docs/emulated_cluster.md), or give a studies/benchmark_allreduce.py CSV with "
+           "--single-host")
     if not os.path.exists(path):
         raise CsvError(f"no CSV at {path}: {how}")
     with open(path, newline="") as f:
@@ -462,7 +463,7 @@ def describe_param(name: str, value: float) -> str:
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--csv", default=None,
-                   help="measured CSV to fit (run_scripts/emulated_cluster.py writes one)")
+                   help="measured CSV to fit (studies/emulated_cluster.py writes one)")
     p.add_argument("--single-host", action="store_true",
                    help="the CSV is benchmark_allreduce.py's: one host, bytes from workload names")
     p.add_argument("--png", default=DEFAULT_PNG, help="efficiency plot (default: %(default)s)")

@@ -1,7 +1,7 @@
 """An emulated multi-host cluster on this machine, and the all-reduce benchmark across it.
 
-    sudo .venv/bin/python run_scripts/emulated_cluster.py                # 4 hosts x 2 ranks, 1 Gbit/s
-    sudo .venv/bin/python run_scripts/emulated_cluster.py --hosts 2 --ranks-per-host 2 \\
+    sudo .venv/bin/python -m studies.emulated_cluster                # 4 hosts x 2 ranks, 1 Gbit/s
+    sudo .venv/bin/python -m studies.emulated_cluster --hosts 2 --ranks-per-host 2 \\
         --link-gbit 0.5 --sizes 1M 16M --resnet
 
 Each host is a Linux network namespace (tft-h0, tft-h1, ...) with one veth link to a bridge in
@@ -21,7 +21,7 @@ column phase crosses hosts, as on the paper's nodes.
 Prints per workload the median of each variant (slowest rank per call) and the ratios torus /
 ring, torus / hierarchical and torus / hvd; writes a CSV (default /tmp/tftorus_emulated/
 allreduce.csv, with columns hosts, ranks_per_host, link_gbit and bytes for
-run_scripts/scale_model.py --csv) and two PNG plots beside it. Needs root; exits 77 (skipped)
+studies/scale_model.py --csv) and two PNG plots beside it. Needs root; exits 77 (skipped)
 with the reason where namespaces cannot be made. Sets up and removes everything itself.
 """
 import argparse
@@ -36,8 +36,7 @@ import threading
 import time
 from typing import Dict, List
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import benchmark_allreduce as bench  # noqa: E402
+from studies import benchmark_allreduce as bench
 
 SKIPPED = 77
 PREFIX = "tft-h"

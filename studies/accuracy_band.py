@@ -1,7 +1,7 @@
 """Accuracy band of the main job: the same run on 4 workers and on 1 process, over several seeds.
 
-    .venv/bin/python run_scripts/accuracy_band.py                   # 3 seeds x 3 arms, ~17 min
-    .venv/bin/python run_scripts/accuracy_band.py --seeds 0 --arms np4 np1
+    .venv/bin/python -m studies.accuracy_band                   # 3 seeds x 3 arms, ~17 min
+    .venv/bin/python -m studies.accuracy_band --seeds 0 --arms np4 np1
 
 Every arm runs `run_scripts/train.py --exp=2 --flagfile=run_scripts/embedded.flags` (the README's
 main job) with one seed, so the arms differ only in how the same total batch is computed:
@@ -25,8 +25,7 @@ import os
 import statistics
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from local_training import REPO, train_once  # noqa: E402
+from studies.local_training import REPO, train_once
 
 ARMS = {
     "np4": (4, ["--grid=2x2"]),

@@ -1,7 +1,7 @@
 """Convergence study: does the large-batch recipe hold accuracy at small scale?
 
-    .venv/bin/python run_scripts/convergence_study.py             # 4 arms x 3 seeds, ~27 min
-    .venv/bin/python run_scripts/convergence_study.py --seeds 0 --epochs 4   # a quick look
+    .venv/bin/python -m studies.convergence_study             # 4 arms x 3 seeds, ~27 min
+    .venv/bin/python -m studies.convergence_study --seeds 0 --epochs 4   # a quick look
 
 Every run is `run_scripts/train.py --flagfile=run_scripts/embedded.flags` on the embedded data,
 with the study's model (MODEL_FLAGS) and, for every arm alike, a micro-batch of S images: BN
@@ -36,8 +36,7 @@ import sys
 import time
 from typing import Dict, List
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from local_training import REPO, train_once  # noqa: E402
+from studies.local_training import REPO, train_once
 
 SCALE = 32  # large batch / small batch (the paper's 32K is 32x Goyal et al.'s 1K)
 PAPER_EXP2_BATCH = 55296  # Exp. 2's 54K: the batch its LRs were set for

@@ -1,7 +1,7 @@
 """Training-step throughput of our ResNet-50 against Keras' ResNet50, side by side.
 
-    .venv/bin/python run_scripts/benchmark_model.py                 # ImageNet shapes, batch 16
-    .venv/bin/python run_scripts/benchmark_model.py --image-size 64 --batch-size 32 --classes 100
+    .venv/bin/python -m studies.benchmark_model                 # ImageNet shapes, batch 16
+    .venv/bin/python -m studies.benchmark_model --image-size 64 --batch-size 32 --classes 100
 
 Every model is built at the same input size, classes and precision policy, with the same
 training step (SGD with momentum, cross-entropy on FP32 logits, loss scaling under
@@ -40,7 +40,6 @@ import tensorflow as tf  # noqa: E402
 
 tf.get_logger().setLevel("ERROR")  # one tf.function per model trips the retracing warning
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from official_resnet.model import resnet  # noqa: E402
 
 REFERENCE = "keras"

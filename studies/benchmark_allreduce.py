@@ -4,12 +4,12 @@ Launcher mode (spawns `horovodrun --gloo -np N -H localhost:N` once per world si
 rank 0's tables):
 
     source .venv/bin/activate
-    TF_CPP_MIN_LOG_LEVEL=2 python run_scripts/benchmark_allreduce.py --np 4 8
+    TF_CPP_MIN_LOG_LEVEL=2 python -m studies.benchmark_allreduce --np 4 8
 
 Worker mode (what the launcher runs; can be started by hand too):
 
     TF_CPP_MIN_LOG_LEVEL=2 horovodrun --gloo -np 4 -H localhost:4 \\
-        python run_scripts/benchmark_allreduce.py --worker --grid 2x2
+        python -m studies.benchmark_allreduce --worker --grid 2x2
 
 Every variant of one workload is a tf.function (as in training), warmed up, then timed once per
 repeat in a rotating order, so machine noise hits all variants alike. A variant's time in one
@@ -108,7 +108,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                      help="CSV to append results to (default: %(default)s)")
     out.add_argument("--tag", default="", help="free text stored in the CSV's 'tag' column")
     out.add_argument("--meta", nargs="*", default=[], metavar="KEY=VALUE",
-                     help="extra CSV columns (run_scripts/emulated_cluster.py adds hosts, "
+                     help="extra CSV columns (studies/emulated_cluster.py adds hosts, "
                           "ranks_per_host, link_gbit)")
     args = p.parse_args(argv)
     if not args.np and not args.worker:
