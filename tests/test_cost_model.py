@@ -1,5 +1,4 @@
 """The cost model: formulas on hand-computed cases, the fit, the planner. Pure numpy, fast."""
-import os
 
 import numpy as np
 import pytest
