@@ -1,0 +1,51 @@
+"""The test tiers, and TensorFlow's `test_session` kept out of the count.
+
+`bash run_scripts/test.sh` runs the default tier; `--slow` runs the slow tier (the heaviest
+multi-process jobs, each the bigger sibling of a check the default tier makes too); `--all`
+runs both. CI (.ci/run) runs both tiers. A test is slow by being listed here, with its time on
+the 2-core CI machine, so the tiers can be read in one place.
+"""
+import pytest
+import tensorflow as tf
+
+# tf.test.TestCase has a method named test_session (a context manager, not a test) that pytest
+# would collect and report as skipped in every TestCase class; pytest skips what says
+# __test__ = False.
+tf.test.TestCase.test_session.__test__ = False
+
+# node id -> its seconds in a CI run on 2 cores (2026-11-23); the comments say which lighter
+# check of the same kind the default tier keeps
+SLOW = {
+    # the widest worlds; 1, 2 and 4 ranks (and 2, 4, 6 on the tf engine) stay in the default tier
+    "tests/test_allreduce_multiprocess.py::AllreduceMultiprocessTest::test_six_ranks": 46,
+    "tests/test_allreduce_multiprocess.py::AllreduceMultiprocessTest::test_eight_ranks": 70,
+    "tests/test_tf_engine.py::TFEngineJobsTest::test_ten_ranks_tf_config": 55,
+    "tests/test_tf_engine.py::TFEngineJobsTest::test_twelve_ranks_task_name_order": 78,
+    # a worker lost: SIGKILL on the Horovod engine and the normal finish stay in the default tier
+    "tests/test_worker_loss.py::WorkerLossTest::test_stopped_worker_horovod_engine": 49,
+    "tests/test_worker_loss.py::WorkerLossTest::test_killed_worker_tf_engine": 44,
+    "tests/test_worker_loss.py::WorkerLossTest::test_stopped_worker_tf_engine": 44,
+    # resume: the launcher test (tests/test_paper_scale.py) changes the world size by default
+    "tests/test_resume.py::ResumeRunsTest::test_new_world_size_at_the_phase_boundary": 87,
+    "tests/test_resume.py::ResumeRunsTest::test_stop_and_resume_equals_uninterrupted": 77,
+    # every library-level bad input; train.py's bad inputs (test_bad_input_surface) stay
+    "tests/test_bad_input.py::BadInputTest::test_every_bad_input_fails_clearly": 82,
+    # the tf engine without Horovod; the Horovod engine's equivalence tests stay
+    "tests/test_training_equivalence.py::TrainingEquivalenceTest::"
+    "test_tf_engine_fit_without_horovod_and_engines_agree": 49,
+}
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: the slow tier (bash run_scripts/test.sh --slow)")
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m selects by the marks added here
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.nodeid in SLOW:
+            item.add_marker(pytest.mark.slow)
+    unknown = set(SLOW) - {item.nodeid for item in items}
+    if unknown and [a.rstrip("/") for a in config.args] == ["tests"]:  # a renamed test
+        raise pytest.UsageError(f"tests/conftest.py lists tests that do not exist: "
+                                f"{sorted(unknown)}")
