@@ -1,5 +1,8 @@
 """Issue 18: the facades export what __all__ lists, refuse what they cannot honour with the
 reason, and take the torus options as one TorusOptions or by name."""
+import subprocess
+import sys
+
 import tensorflow as tf
 
 import tftorus
@@ -46,6 +49,24 @@ class ApiTest(tf.test.TestCase):
         for module in (tftorus, tftorus.keras):
             with self.assertRaisesRegex(TypeError, "wraps an optimizer instance"):
                 module.DistributedOptimizer("sgd")
+
+
+    def test_the_package_needs_no_study_dependency(self):
+        """scipy (the cost model's fit) is a study's dependency: with it unimportable, the
+        package and its plan mode's cost model still import. (TensorFlow itself imports scipy
+        when it is installed, so the check blocks it rather than looking for it.)"""
+        code = (
+            "import sys, importlib.abc\n"
+            "class Block(importlib.abc.MetaPathFinder):\n"
+            "    def find_spec(self, name, path, target=None):\n"
+            "        if name.split('.')[0] in ('scipy', 'matplotlib', 'sklearn'):\n"
+            "            raise ImportError('blocked: ' + name)\n"
+            "sys.meta_path.insert(0, Block())\n"
+            "import tftorus, tftorus.keras, tftorus.cost_model, official_resnet.run_plan\n"
+            "print('imported')\n")
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                timeout=120)
+        self.assertIn("imported", result.stdout, result.stderr[-2000:])
 
 
 if __name__ == "__main__":
