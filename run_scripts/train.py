@@ -365,7 +365,8 @@ def main(argv):
         }
         logger.info("Table 5 style | %s | workers %s | batch %d-%d | top-1 1-crop %.2f%% | %.0f s "
                     "(paper: %.2f%% in %d s on %d V100)", experiment.name,
-                    "->".join(str(p.workers) for p in plans),
+                    "->".join(str(p.workers) for p in plans) if len({p.workers for p in plans}) > 1
+                    else str(size),
                     min(p.total_batch for p in plans), max(p.total_batch for p in plans),
                     final.top1, final.elapsed, experiment.paper_top1, experiment.paper_seconds,
                     experiment.max_gpus)
