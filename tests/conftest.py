@@ -28,8 +28,11 @@ SLOW = {
     # resume: the launcher test (tests/test_paper_scale.py) changes the world size by default
     "tests/test_resume.py::ResumeRunsTest::test_new_world_size_at_the_phase_boundary": 87,
     "tests/test_resume.py::ResumeRunsTest::test_stop_and_resume_equals_uninterrupted": 77,
-    # every library-level bad input; train.py's bad inputs (test_bad_input_surface) stay
+    # every bad input, library-level and train.py's; test_train_script's bad-input test and
+    # test_bad_input_surface's saved-run test stay in the default tier
     "tests/test_bad_input.py::BadInputTest::test_every_bad_input_fails_clearly": 82,
+    "tests/test_bad_input_surface.py::BadInputSurfaceTest::"
+    "test_every_case_fails_clearly_and_keeps_what_was_there": 72,
     # the tf engine without Horovod; the Horovod engine's equivalence tests stay
     "tests/test_training_equivalence.py::TrainingEquivalenceTest::"
     "test_tf_engine_fit_without_horovod_and_engines_agree": 49,
