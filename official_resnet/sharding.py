@@ -16,7 +16,6 @@ Either way every record is read by exactly one worker per epoch, and the assignm
 (F, W, w) alone, so a resumed or re-launched run reads what it read before.
 """
 import dataclasses
-import math
 from typing import List, Sequence
 
 
@@ -47,6 +46,3 @@ def shard_files(files: Sequence[str], num_workers: int, worker_index: int) -> Li
     readers = len(range(which, num_workers, len(files)))  # workers assigned to this file
     return [FileShard(files[which], readers, worker_index // len(files))]
 
-
-def max_files_per_worker(num_files: int, num_workers: int) -> int:
-    return math.ceil(num_files / num_workers)
