@@ -175,3 +175,48 @@ def steps_in_phases(plans: List[PhasePlan], dataset_size: int) -> List[int]:
             steps += chunk
         out.append(steps)
     return out
+
+
+@dataclasses.dataclass(frozen=True)
+class FitSegment:
+    """Consecutive phases on one world size with one micro-batch: one dataset, one `fit`.
+
+    A Keras epoch is `epoch_fraction` of a data epoch; the segment runs Keras epochs
+    [first_epoch, end_epoch) of `steps_per_epoch` micro-batches each, a multiple of every
+    phase's accumulation (updates never straddle an epoch)."""
+
+    phases: Tuple[PhasePlan, ...]
+    first_epoch: int
+    end_epoch: int
+    micro_batch: int
+    steps_per_epoch: int
+
+    @property
+    def workers(self) -> int:
+        return self.phases[0].workers
+
+
+def fit_segments(plans: List[PhasePlan], dataset_size: int,
+                 epoch_fraction: float) -> List[FitSegment]:
+    """The run's phases grouped into fits: a new fit where the world size or the micro-batch
+    changes (a dataset's batch is fixed; the micro-batches per update are not)."""
+    groups: List[List[PhasePlan]] = []
+    for plan in plans:
+        last = groups[-1][-1] if groups else None
+        if last and (last.workers, last.micro_batch) == (plan.workers, plan.micro_batch):
+            groups[-1].append(plan)
+        else:
+            groups.append([plan])
+    segments = []
+    for group in groups:
+        lcm = math.lcm(*(p.accumulation for p in group))
+        per_step = group[0].workers * group[0].micro_batch
+        steps = int(dataset_size * epoch_fraction) // (per_step * lcm) * lcm
+        if steps < 1:
+            raise PlanError(f"phase {group[0].index + 1}: a Keras epoch ({epoch_fraction:g} of "
+                            f"{dataset_size} examples) holds no update of {per_step * lcm} "
+                            f"examples; use more data or a larger --batch_divisor")
+        segments.append(FitSegment(tuple(group), round(group[0].start_epoch / epoch_fraction),
+                                   round(group[-1].end_epoch / epoch_fraction),
+                                   group[0].micro_batch, steps))
+    return segments

@@ -32,16 +32,24 @@ if __name__ == "__main__":  # before TensorFlow's threads start, so they inherit
 import tensorflow as tf  # noqa: E402
 
 import tftorus  # noqa: E402
+import tftorus.keras  # noqa: E402
 from flags.config import EMBEDDED_DATA_DIR, define_flags, resolve  # noqa: E402
 from flags.experiments import get_experiment, with_batch_schedule  # noqa: E402
-from official_resnet import batch_plan, bn_statistics, dataset_info, embedded_data  # noqa: E402
+from official_resnet import batch_plan, dataset_info, embedded_data  # noqa: E402
 from official_resnet import input_pipeline, run_plan  # noqa: E402
 from official_resnet import checkpointing  # noqa: E402
 from official_resnet.lars import LARS  # noqa: E402
 from official_resnet.model import resnet  # noqa: E402
 from official_resnet.schedules import Schedule, lr_overrides  # noqa: E402
-from official_resnet.train_step import TrainStep, make_eval_step  # noqa: E402
-from official_resnet.trainer import NonFiniteLossError, Trainer, World  # noqa: E402
+from official_resnet.callbacks import (BatchSizeControl, BNStatistics, CheckpointSaver,  # noqa: E402
+                                       EpochLogger, Evaluation, LRMomentumSchedule,
+                                       MetricAverage, NonFiniteSteps, RunProgress, StopAtEpoch,
+                                       StopAtStep, TensorBoardScalars, log_summary,
+                                       progbar_verbosity, run_summary)
+from official_resnet.lars import unwrap  # noqa: E402
+from official_resnet.recipe_model import RecipeModel  # noqa: E402
+from official_resnet.run_state import (NonFiniteLossError, RunState, World,  # noqa: E402
+                                       epochs_per_keras_epoch)
 from tftorus import watchdog  # noqa: E402
 from tftorus.tf_collective_engine import CollectiveError, translate_errors  # noqa: E402
 
@@ -165,6 +173,244 @@ def check_writable(model_dir: str) -> None:
                          f"choose a directory this user can create and write") from error
 
 
+class Job(NamedTuple):
+    """What this process runs: the plan, where the run stands, and where this job stops."""
+
+    config: object
+    experiment: object
+    world: World
+    info: DataInfo
+    plans: list
+    resume_from: Optional[tuple]  # (checkpoint path, its state.json) or None
+    stop_at_epoch: Optional[float]  # --stop_at_epoch, or the boundary before another world size
+    relaunch: object  # the next phase on another world size, or None
+
+
+def start_world(config) -> World:
+    """One process per worker; the torus grid's groups at start-up (the tf engine joins
+    TensorFlow's cluster here, so this comes before any other TensorFlow call)."""
+    tftorus.init(grid=config.grid, engine=config.engine, **(
+        {"collective_timeout": config.collective_timeout} if config.engine == "tf" else {}))
+    rank, size = tftorus.world.rank(), tftorus.world.size()
+    if rank == 0:
+        check_writable(config.model_dir)
+    # Heartbeats beside the collectives: a dead or stalled worker stops every worker with an
+    # error naming it (a collective: every rank starts it here).
+    watchdog.start(config.heartbeat_timeout, config.stall_timeout)
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
+                        format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    return World(rank=rank, size=size,
+                 allreduce_sum=tftorus.world.allreduce_sum if size > 1 else None)
+
+
+def plan_job(config, experiment, world: World, sizes) -> Job:
+    """Data sizes, the batch plan on this world size, the checkpoint to resume from, and the
+    phases this job runs (those on its own world size from where the run stands)."""
+    if config.data_dir == EMBEDDED_DATA_DIR:
+        if world.chief:  # one writer (it skips a complete set); the others wait at the barrier
+            embedded_data.generate(config.data_dir)
+        tftorus.world.barrier()
+    info = data_info(config, sizes, world)
+    check_batch_fits(config, experiment, info.train_examples)
+    plans = batch_plan.plan_phases(
+        experiment, dataset_size=info.train_examples, epochs=config.epochs,
+        batch_divisor=config.batch_divisor, max_micro_batch=config.max_micro_batch,
+        workers=batch_plan.phase_workers(experiment, config.gpus_per_phase, world.size,
+                                         config.batch_divisor))
+    # Resume: the newest valid checkpoint (--resume=auto), a given one, or none (never).
+    if config.resume == "never" and checkpointing.list_checkpoints(config.model_dir):
+        raise checkpointing.CheckpointError(
+            f"--resume=never but {config.model_dir} holds checkpoints of a run; use another "
+            f"--model_dir, or --resume=auto to continue it")
+    resume_from = checkpointing.find_resume(config.resume, config.model_dir)
+    if resume_from:
+        checkpointing.check_world(resume_from[1], resume_from[0], plans, world.size,
+                                  config.model_dir)
+    # Phases on another world size (--gpus_per_phase) are run by a relaunch: this job runs the
+    # phases on its own size from where the run stands, and stops at the boundary after them.
+    first = checkpointing.phase_to_run(resume_from[1] if resume_from else None)
+    if first < len(plans) and plans[first].workers != world.size:
+        raise batch_plan.PlanError(
+            f"phase {first + 1} of {experiment.name} runs on {plans[first].workers} workers "
+            f"(--gpus_per_phase={config.gpus_per_phase}); this job has {world.size}: launch it "
+            f"with -np {plans[first].workers}, or let run_scripts/run_experiment.py launch every "
+            f"phase")
+    last = first
+    while last + 1 < len(plans) and plans[last + 1].workers == world.size:
+        last += 1
+    relaunch = plans[last + 1] if last + 1 < len(plans) else None
+    stop_at_epoch = min([e for e in (config.stop_at_epoch,
+                                     relaunch and relaunch.start_epoch) if e] or [None])
+    for split in ("train", "validation"):  # bad records fail now, before anything is written
+        input_pipeline.validate_split(config.data_dir, split, num_workers=world.size,
+                                      worker_index=world.rank, num_classes=info.num_classes,
+                                      label_offset=config.label_offset)
+    return Job(config, experiment, world, info, plans, resume_from, stop_at_epoch, relaunch)
+
+
+def make_data(job: Job):
+    """The input functions: a segment's training micro-batches (deterministic, so a resumed run
+    re-derives its position), BN-statistics micro-batches, and the validation split."""
+    config, world, info = job.config, job.world, job.info
+    augment = input_pipeline.AugmentConfig.from_names(
+        config.augment, area_range=(config.min_crop_area, 1.0))
+
+    def common(split, batch, **kwargs):
+        return input_pipeline.make_dataset(
+            config.data_dir, split, batch, image_size=config.image_size,
+            num_workers=world.size, worker_index=world.rank, label_offset=config.label_offset,
+            num_classes=info.num_classes, validate_records=0, **kwargs)  # validated already
+
+    def train_data(segment, skip_batches=0):
+        return common("train", segment.micro_batch, training=True, augment=augment,
+                      seed=config.seed + 1000 * segment.phases[0].index, deterministic=True,
+                      skip_batches=skip_batches)
+
+    def bn_batches(micro_batch, count, keras_epoch):
+        return common("train", micro_batch, training=True, augment=augment,
+                      seed=config.seed + 500_000 + keras_epoch, deterministic=True,
+                      shuffle_buffer=max(256, 4 * micro_batch)).take(count)
+
+    def eval_data():
+        return common("validation", 64, training=False)
+
+    return train_data, bn_batches, eval_data
+
+
+def build_model(config, info: DataInfo) -> RecipeModel:
+    """ResNet (mixed precision under --precision=mixed_float16) with the recipe's train step."""
+    if config.precision == "mixed_float16":
+        tf.keras.mixed_precision.set_global_policy("mixed_float16")
+    net = resnet(depth=config.depth, num_classes=info.num_classes, width=config.width,
+                 input_shape=(config.image_size, config.image_size, 3),
+                 small_inputs=config.small_inputs)
+    return RecipeModel.wrap(net, label_smoothing=config.label_smoothing)
+
+
+def build_optimizer(config):
+    """LARS in FP32 behind tftorus' DistributedOptimizer (compile adds dynamic loss scaling
+    under mixed precision). --optimizer=sgd: the same update with a trust ratio of 1 for every
+    variable (momentum SGD with coupled weight decay), so the two differ in layer adaptation."""
+    lars = LARS(learning_rate=0.0, momentum=0.9, weight_decay=config.weight_decay,
+                trust_coefficient=config.trust_coefficient, epsilon=config.lars_epsilon,
+                exclude_from_weight_decay=EXCLUDE_FROM_LARS,
+                exclude_from_layer_adaptation=[".*"] if config.optimizer == "sgd" else None)
+    compression = {"none": tftorus.Compression.none, "fp16": tftorus.Compression.fp16,
+                   "bf16": tftorus.Compression.bf16}[config.compression]
+    return tftorus.keras.DistributedOptimizer(
+        lars, compression=compression, algorithm=config.algorithm, engine=config.engine,
+        fusion_threshold_bytes=int(config.fusion_threshold_mb * 1024 * 1024))
+
+
+def make_callbacks(job: Job, state: RunState, segment, schedule, data, writer, saver):
+    """The recipe as Keras callbacks, in the order their epoch ends must run."""
+    config, world = job.config, job.world
+    _, bn_batches, eval_data = data
+    micro = segment.micro_batch
+
+    def phase_line(keras_epoch, accumulation):
+        plan = state.plan_of(keras_epoch)
+        epoch = keras_epoch * state.epoch_fraction
+        if world.chief:
+            logger.info(
+                "phase %d: epochs %.2f-%.2f, total batch %d = %d workers x %d per worker "
+                "(%d micro-batch%s of %d), %d steps/epoch; from epoch %.3f: lr %.4g, momentum "
+                "%.4f", plan.index + 1, plan.start_epoch, plan.end_epoch, plan.total_batch,
+                plan.workers, plan.per_worker_batch, plan.accumulation,
+                "es" if plan.accumulation > 1 else "", plan.micro_batch, plan.steps_per_epoch,
+                epoch, schedule.lr(epoch), schedule.momentum(epoch, plan.total_batch))
+
+    def checkpoint_state(keras_epoch):
+        plan = state.plan_of(keras_epoch)
+        return {"seed": config.seed, "exp": config.exp, "epochs": config.epochs,
+                "epoch": state.epoch(), "keras_epoch": keras_epoch + 1,
+                "samples_seen": int(state.samples_seen.numpy()),
+                "steps": int(state.steps.numpy()), "phase": plan.index,
+                "phase_boundary": state.is_phase_end(keras_epoch), "world_size": world.size,
+                "total_batch": plan.total_batch, "per_worker_batch": plan.per_worker_batch,
+                "accumulation": plan.accumulation, "micro_batch": plan.micro_batch,
+                "input_batches_in_phase": state.micro_batches_in_segment,
+                "bn_stat_batches": config.bn_stat_batches, "elapsed": state.history[-1].elapsed,
+                "nonfinite_skips_in_a_row": state.skips_in_a_row}
+
+    def bn_data(keras_epoch):
+        count = config.bn_stat_batches * state.plan_of(keras_epoch).accumulation
+        return bn_batches(micro, count, keras_epoch)
+
+    engine_callbacks = [MetricAverage(state)]
+    if config.engine == "horovod" and world.size > 1:  # Horovod's own, as a Keras user has them
+        engine_callbacks = [tftorus.keras.callbacks.MetricAverageCallback(),
+                            tftorus.keras.callbacks.BroadcastGlobalVariablesCallback(0)]
+    return engine_callbacks + [
+        RunProgress(state, micro),
+        BatchSizeControl([(round(p.start_epoch / state.epoch_fraction), p.accumulation)
+                          for p in segment.phases], on_switch=phase_line),
+        LRMomentumSchedule(schedule.lr, schedule.momentum, micro, world.size,
+                           state.epoch_fraction),
+        NonFiniteSteps(state, config.on_nonfinite, config.max_nonfinite_skips, writer),
+        StopAtStep(state, config.max_steps),
+        BNStatistics(state, bn_data, config.eval_every),
+        Evaluation(state, eval_data, config.eval_every),
+        EpochLogger(state, micro),
+        TensorBoardScalars(state, writer),
+        CheckpointSaver(state, saver, checkpoint_state),
+        StopAtEpoch(state, job.stop_at_epoch),
+    ]
+
+
+def restore(job: Job, model, state: RunState, checkpoint) -> None:
+    """The resumed checkpoint's variables and clock; newer checkpoints and history set aside."""
+    config, (path, saved) = job.config, job.resume_from
+    checkpointing.restore(checkpoint, path, optimizers=[unwrap(model.optimizer)],
+                          variables=model.trainable_variables)
+    state.elapsed_before = float(saved.get("elapsed", 0.0))
+    state.skips_in_a_row = int(saved.get("nonfinite_skips_in_a_row", 0))
+    if job.world.chief:
+        logger.info("restored %s", path)
+        for moved in checkpointing.set_aside_newer(config.model_dir, path):
+            logger.warning("moved newer checkpoint to %s (this run trains its epochs again)",
+                           moved)
+        dropped = checkpointing.trim_history(config.model_dir, saved["epoch"])
+        if dropped:
+            logger.warning("history.jsonl: dropped %d line(s) past epoch %.3f (they are "
+                           "trained again)", dropped, saved["epoch"])
+        logger.info("resumed at epoch %.3f (%d samples, step %d) from phase %d%s",
+                    saved["epoch"], int(state.samples_seen.numpy()), int(state.steps.numpy()),
+                    saved["phase"] + 1, " (its end: a phase boundary)"
+                    if saved.get("phase_boundary") else "")
+
+
+def fit(job: Job, model, state: RunState, schedule, data, writer, saver) -> bool:
+    """model.fit once per segment of the phases this job runs; True when the run is complete."""
+    train_data = data[0]
+    start = round(job.resume_from[1]["epoch"] / state.epoch_fraction) if job.resume_from else 0
+    verbose = progbar_verbosity(job.world.chief)
+    for segment in batch_plan.fit_segments(job.plans, job.info.train_examples,
+                                           state.epoch_fraction):
+        if segment.end_epoch <= start:
+            continue  # resumed past it
+        if segment.workers != job.world.size:
+            return False  # the next phases run on another world size: relaunch
+        first = max(start, segment.first_epoch)
+        skip = (first - segment.first_epoch) * segment.steps_per_epoch
+        state.micro_batches_in_segment = skip
+        progress_setup(state, first)
+        callbacks = make_callbacks(job, state, segment, schedule, data, writer, saver)
+        model.fit(train_data(segment, skip), initial_epoch=first, epochs=segment.end_epoch,
+                  steps_per_epoch=segment.steps_per_epoch, callbacks=callbacks,
+                  verbose=verbose)
+        if model.stop_training:  # --stop_at_epoch, --max_steps or the end of this world size
+            return bool(state.finishing)
+        start = segment.end_epoch
+    return True
+
+
+def progress_setup(state: RunState, keras_epoch: int) -> None:
+    state.keras_epoch, state.batch = keras_epoch, 0
+    watchdog.progress("phase set-up", state.plan_of(keras_epoch).index + 1,
+                      round(state.epoch(), 4), int(state.steps.numpy()))
+
+
 def main(argv):
     del argv
     config = resolve(FLAGS)
@@ -181,202 +427,80 @@ def main(argv):
     # timeouts may differ); checked on every rank before anything is written.
     existing_run = checkpointing.check_config(config.model_dir, json.loads(config.to_json()))
 
-    # ============================================================================================
-    # Distributed set-up: one process per worker; the torus grid's groups at start-up (the tf
-    # engine joins TensorFlow's cluster here, so this comes before any other TensorFlow call).
-    # ============================================================================================
-    tftorus.init(grid=config.grid, engine=config.engine, **(
-        {"collective_timeout": config.collective_timeout} if config.engine == "tf" else {}))
-    rank, size = tftorus.world.rank(), tftorus.world.size()
-    if rank == 0:
-        check_writable(config.model_dir)
-    # Heartbeats beside the collectives: a dead or stalled worker stops every worker with an
-    # error naming it (a collective: every rank starts it here).
-    watchdog.start(config.heartbeat_timeout, config.stall_timeout)
-    world = World(rank=rank, size=size,
-                  allreduce_sum=tftorus.world.allreduce_sum if size > 1 else None)
-    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
-                        format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    # Flags -> world -> data -> model -> optimizer -> callbacks -> fit -> summary.
+    world = start_world(config)
     tf.keras.utils.set_random_seed(config.seed)  # same initial weights everywhere; broadcast below
-    if config.precision == "mixed_float16":
-        tf.keras.mixed_precision.set_global_policy("mixed_float16")
-
-    # ============================================================================================
-    # Data: ImageNet TFRecords, or the embedded set generated offline on first use.
-    # ============================================================================================
-    if config.data_dir == EMBEDDED_DATA_DIR:
-        if rank == 0:  # one writer (it skips a complete set); the others wait at the barrier
-            embedded_data.generate(config.data_dir)
-        tftorus.world.barrier()
-    info = data_info(config, sizes, world)
-    check_batch_fits(config, experiment, info.train_examples)
-    plans = batch_plan.plan_phases(
-        experiment, dataset_size=info.train_examples, epochs=config.epochs,
-        batch_divisor=config.batch_divisor, max_micro_batch=config.max_micro_batch,
-        workers=batch_plan.phase_workers(experiment, config.gpus_per_phase, size,
-                                         config.batch_divisor))
-
-    augment = input_pipeline.AugmentConfig.from_names(
-        config.augment, area_range=(config.min_crop_area, 1.0))
-
-    # Resume: the newest valid checkpoint (--resume=auto), a given one, or none (never).
-    if config.resume == "never" and checkpointing.list_checkpoints(config.model_dir):
-        raise checkpointing.CheckpointError(
-            f"--resume=never but {config.model_dir} holds checkpoints of a run; use another "
-            f"--model_dir, or --resume=auto to continue it")
-    resume_from = checkpointing.find_resume(config.resume, config.model_dir)
-    if resume_from:
-        checkpointing.check_world(resume_from[1], resume_from[0], plans, size, config.model_dir)
-    # Phases on another world size (--gpus_per_phase) are run by a relaunch: this job runs the
-    # phases on its own size from where the run stands, and stops at the boundary after them.
-    first = checkpointing.phase_to_run(resume_from[1] if resume_from else None)
-    if first < len(plans) and plans[first].workers != size:
-        raise batch_plan.PlanError(
-            f"phase {first + 1} of {experiment.name} runs on {plans[first].workers} workers "
-            f"(--gpus_per_phase={config.gpus_per_phase}); this job has {size}: launch it with "
-            f"-np {plans[first].workers}, or let run_scripts/run_experiment.py launch every phase")
-    last = first
-    while last + 1 < len(plans) and plans[last + 1].workers == size:
-        last += 1
-    relaunch = plans[last + 1] if last + 1 < len(plans) else None
-    stop_at_epoch = min([e for e in (config.stop_at_epoch,
-                                     relaunch and relaunch.start_epoch) if e] or [None])
-
-    for split in ("train", "validation"):  # bad records fail now, before anything is written
-        input_pipeline.validate_split(config.data_dir, split, num_workers=size,
-                                      worker_index=rank, num_classes=info.num_classes,
-                                      label_offset=config.label_offset)
-
-    def train_data(plan, skip_batches=0):  # deterministic: a resumed run re-derives its position
-        return input_pipeline.make_dataset(
-            config.data_dir, "train", plan.per_worker_batch, image_size=config.image_size,
-            num_workers=size, worker_index=rank, training=True,
-            seed=config.seed + 1000 * plan.index, label_offset=config.label_offset,
-            num_classes=info.num_classes, augment=augment, deterministic=True,
-            skip_batches=skip_batches, validate_records=0)  # validated once, above
-
-    def eval_data():
-        return input_pipeline.make_dataset(
-            config.data_dir, "validation", 64, image_size=config.image_size, num_workers=size,
-            worker_index=rank, training=False, label_offset=config.label_offset,
-            num_classes=info.num_classes, validate_records=0)  # validated once, above
-
-    # ============================================================================================
-    # Model and optimizer: ResNet in mixed precision, LARS in FP32 under dynamic loss scaling.
-    # ============================================================================================
-    model = resnet(depth=config.depth, num_classes=info.num_classes, width=config.width,
-                   input_shape=(config.image_size, config.image_size, 3),
-                   small_inputs=config.small_inputs)
-    # --optimizer=sgd: the same update with a trust ratio of 1 for every variable (momentum SGD
-    # with coupled weight decay), so the two differ in layer adaptation alone.
-    lars = LARS(learning_rate=0.0, momentum=0.9, weight_decay=config.weight_decay,
-                trust_coefficient=config.trust_coefficient, epsilon=config.lars_epsilon,
-                exclude_from_weight_decay=EXCLUDE_FROM_LARS,
-                exclude_from_layer_adaptation=[".*"] if config.optimizer == "sgd" else None)
-    optimizer = (tf.keras.mixed_precision.LossScaleOptimizer(lars)
-                 if config.precision == "mixed_float16" else lars)
+    job = plan_job(config, experiment, world, sizes)
+    data = make_data(job)
+    model = build_model(config, job.info)
+    model.compile(optimizer=build_optimizer(config))
+    tftorus.world.broadcast_variables(model.variables, root_rank=0)  # all start from rank 0's
     schedule = make_schedule(config)
-    compression = {"none": tftorus.Compression.none, "fp16": tftorus.Compression.fp16,
-                   "bf16": tftorus.Compression.bf16}[config.compression]
-    reduce_fn = tftorus.gradient_reducer(
-        "average", compression, algorithm=config.algorithm, engine=config.engine,
-        fusion_threshold_bytes=int(config.fusion_threshold_mb * 1024 * 1024))
-    step = TrainStep(model, optimizer, reduce_fn, info.num_classes, config.label_smoothing)
-    tftorus.world.broadcast_variables(model.variables, root_rank=0)  # every worker starts from rank 0
-
-    # ============================================================================================
-    # Train.
-    # ============================================================================================
+    state = RunState(world=world, plans=job.plans, dataset_size=job.info.train_examples,
+                     epoch_fraction=epochs_per_keras_epoch(job.plans),
+                     model_dir=config.model_dir)
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer,
+                                     samples_seen=state.samples_seen, steps=state.steps)
     os.makedirs(config.model_dir, exist_ok=True)
-    writer = None
-    if rank == 0:
-        logger.info("configuration:\n%s", config.to_json())
-        logger.info("%s on %d worker(s), torus grid %s, data: %d train / %d validation images, "
-                    "%d classes", experiment.name, size, tftorus.context.default_grid(),
-                    info.train_examples, info.validation_examples, info.num_classes)
-        logger.info("LR schedule x %.6g of the paper's (%s); momentum reference batch %g",
-                    config.lr_scale,
-                    f"1/{config.batch_divisor}: the batches are divided by --batch_divisor="
-                    f"{config.batch_divisor} (linear scaling rule)"
-                    if config.lr_scale_from == "batch_divisor" else "--lr_scale",
-                    config.reference_batch / config.batch_divisor)
-        if not existing_run:  # a resumed run keeps the config.json it started with
-            checkpointing.write_json_atomic(os.path.join(config.model_dir, "config.json"),
-                                            config.to_json())
+    writer = saver = None
+    if world.chief:
+        log_start(job, existing_run, model)
         writer = tf.summary.create_file_writer(os.path.join(config.model_dir, "tensorboard"))
-    trainer = Trainer(model=model, optimizer=optimizer, lars=lars, train_step=step,
-                      eval_step=make_eval_step(model), plans=plans, schedule=schedule,
-                      make_train_data=train_data, make_eval_data=eval_data,
-                      recompute_bn=bn_statistics.recompute_bn_statistics,
-                      dataset_size=info.train_examples, world=world, model_dir=config.model_dir,
-                      eval_every=config.eval_every, bn_stat_batches=config.bn_stat_batches,
-                      max_steps=config.max_steps, summary_writer=writer,
-                      on_nonfinite=config.on_nonfinite,
-                      max_nonfinite_skips=config.max_nonfinite_skips,
-                      checkpoint_writer=checkpointing.CheckpointWriter(
-                          None, config.model_dir, keep=config.keep_checkpoints)
-                      if rank == 0 else None,  # writes the trainer's tf.train.Checkpoint
-                      checkpoint_extra={"seed": config.seed, "exp": config.exp,
-                                        "epochs": config.epochs},
-                      stop_at_epoch=stop_at_epoch)
-    if resume_from:
-        path, state = resume_from
-        checkpointing.restore(trainer.checkpoint, path, optimizers=[lars],
-                              variables=model.trainable_variables)
-        if rank == 0:
-            logger.info("restored %s", path)
-            for moved in checkpointing.set_aside_newer(config.model_dir, path):
-                logger.warning("moved newer checkpoint to %s (this run trains its epochs again)",
-                               moved)
-            dropped = checkpointing.trim_history(config.model_dir, state["epoch"])
-            if dropped:
-                logger.warning("history.jsonl: dropped %d line(s) past epoch %.3f (they are "
-                               "trained again)", dropped, state["epoch"])
-        trainer.resume(state)
-    history = trainer.run()
+        saver = checkpointing.CheckpointWriter(checkpoint, config.model_dir,
+                                               keep=config.keep_checkpoints)
+    if job.resume_from:
+        restore(job, model, state, checkpoint)
+    complete = fit(job, model, state, schedule, data, writer, saver)
 
-    # ============================================================================================
-    # Summary: the paper's Table 5 (accuracy, time) and Table 6 (throughput) for this run.
-    # ============================================================================================
-    if rank == 0 and (trainer.stopped_early or not history):
-        if history and relaunch and trainer.epoch() >= relaunch.start_epoch - 1e-9:
-            logger.info("stopped at epoch %.3f, the end of phase %d: phase %d runs on %d "
-                        "workers; relaunch with -np %d and the same flags (run_scripts/"
-                        "run_experiment.py does this)", trainer.epoch(), relaunch.index,
-                        relaunch.index + 1, relaunch.workers, relaunch.workers)
-        elif history:
-            logger.info("stopped at epoch %.3f; run again with the same flags to continue",
-                        trainer.epoch())
-        else:
-            logger.info("nothing to do: the run in %s is complete (its checkpoint is at epoch "
-                        "%.3f, the end; its summary.json was written then); to train again, "
-                        "pass another --model_dir", config.model_dir, trainer.epoch())
-    elif rank == 0:
-        final = history[-1]
-        rates = [h.images_per_sec for h in history[1:]] or [history[0].images_per_sec]
-        summary = {
-            "experiment": experiment.name, "workers": size,
-            "workers_per_phase": [p.workers for p in plans],
-            "grid": str(tftorus.context.default_grid()),
-            "top1_1crop": final.top1, "seconds": final.elapsed, "epochs": final.epoch,
-            "steps": int(trainer.steps.numpy()),  # optimizer steps
-            "images_per_sec": sum(rates) / len(rates),
-            "paper_top1": experiment.paper_top1, "paper_seconds": experiment.paper_seconds,
-        }
-        logger.info("Table 5 style | %s | workers %s | batch %d-%d | top-1 1-crop %.2f%% | %.0f s "
-                    "(paper: %.2f%% in %d s on %d V100)", experiment.name,
-                    "->".join(str(p.workers) for p in plans) if len({p.workers for p in plans}) > 1
-                    else str(size),
-                    min(p.total_batch for p in plans), max(p.total_batch for p in plans),
-                    final.top1, final.elapsed, experiment.paper_top1, experiment.paper_seconds,
-                    experiment.max_gpus)
-        logger.info("Table 6 style | workers %d | %.1f images/s (mean over epochs after the "
-                    "first) | %.1f images/s per worker", size, summary["images_per_sec"],
-                    summary["images_per_sec"] / size)
-        with open(os.path.join(config.model_dir, "summary.json"), "w") as f:
-            json.dump(summary, f, indent=2)
+    if world.chief:
+        log_end(job, state, complete)
     watchdog.stop()  # this rank finished: its silence from now on is no loss
     tftorus.shutdown()  # every worker is past its last collective before any exits
+
+
+def log_start(job: Job, existing_run: bool, model) -> None:
+    config, info = job.config, job.info
+    logger.info("configuration:\n%s", config.to_json())
+    logger.info("%s on %d worker(s), torus grid %s, data: %d train / %d validation images, "
+                "%d classes", job.experiment.name, job.world.size,
+                tftorus.context.default_grid(), info.train_examples, info.validation_examples,
+                info.num_classes)
+    logger.info("LR schedule x %.6g of the paper's (%s); momentum reference batch %g",
+                config.lr_scale,
+                f"1/{config.batch_divisor}: the batches are divided by --batch_divisor="
+                f"{config.batch_divisor} (linear scaling rule)"
+                if config.lr_scale_from == "batch_divisor" else "--lr_scale",
+                config.reference_batch / config.batch_divisor)
+    if isinstance(model.optimizer, tf.keras.mixed_precision.LossScaleOptimizer):
+        logger.info("mixed precision: FP16 compute, FP32 variables and LARS, dynamic loss "
+                    "scale starting at %g", float(model.optimizer.initial_scale))
+    if not existing_run:  # a resumed run keeps the config.json it started with
+        checkpointing.write_json_atomic(os.path.join(config.model_dir, "config.json"),
+                                        config.to_json())
+
+
+def log_end(job: Job, state: RunState, complete: bool) -> None:
+    """The paper's Table 5 (accuracy, time) and Table 6 (throughput) lines for a finished run;
+    for a stopped one, how to continue."""
+    config, relaunch = job.config, job.relaunch
+    epoch = state.history[-1].epoch if state.history else None
+    if complete and state.history:
+        summary = run_summary(state, job.experiment, str(tftorus.context.default_grid()))
+        log_summary(summary, state, job.experiment,
+                    os.path.join(config.model_dir, "summary.json"))
+    elif state.history and relaunch and epoch >= relaunch.start_epoch - 1e-9:
+        logger.info("stopped at epoch %.3f, the end of phase %d: phase %d runs on %d "
+                    "workers; relaunch with -np %d and the same flags (run_scripts/"
+                    "run_experiment.py does this)", epoch, relaunch.index,
+                    relaunch.index + 1, relaunch.workers, relaunch.workers)
+    elif state.history:
+        logger.info("stopping after epoch %.3f (--stop_at_epoch=%s); run again with the same "
+                    "flags (--resume=auto) to continue", epoch, config.stop_at_epoch)
+    else:
+        logger.info("nothing to do: the run in %s is complete (its checkpoint is at epoch "
+                    "%.3f, the end; its summary.json was written then); to train again, "
+                    "pass another --model_dir", config.model_dir,
+                    job.resume_from[1]["epoch"] if job.resume_from else 0.0)
 
 
 def run(argv):

@@ -9,7 +9,7 @@ from unittest import mock
 import tensorflow as tf
 
 from official_resnet import dataset_info
-from official_resnet.trainer import World
+from official_resnet.run_state import World
 from tests import harness
 
 

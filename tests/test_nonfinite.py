@@ -1,8 +1,8 @@
-"""Non-finite gradients or loss: the step is skipped (weights, BN statistics and optimizer slots
-unchanged, bit for bit), the trainer reports it with its step (log, history.jsonl, TensorBoard),
-every worker skips the same step, and --on_nonfinite=stop (or too many skips in a row) ends the
-run with a message naming the step. tests/test_bad_input_surface.py runs the stop through
-run_scripts/train.py (exit status 2)."""
+"""Non-finite gradients or loss: the update is skipped (weights, BN statistics and optimizer
+slots unchanged, bit for bit), NonFiniteSteps reports it with its step (log, history.jsonl,
+TensorBoard), every worker skips the same update, and --on_nonfinite=stop (or too many skips in
+a row) ends the run with a message naming the step. tests/test_bad_input_surface.py runs the stop
+through run_scripts/train.py (exit status 2)."""
 import json
 import os
 import tempfile
@@ -11,25 +11,21 @@ import numpy as np
 import tensorflow as tf
 
 from official_resnet.batch_plan import PhasePlan
+from official_resnet.callbacks import EpochLogger, NonFiniteSteps, RunProgress, TensorBoardScalars
 from official_resnet.lars import LARS
-from official_resnet.schedules import Schedule
-from official_resnet.train_step import TrainStep, all_finite, make_eval_step
-from official_resnet.trainer import NonFiniteLossError, Trainer, World
+from official_resnet.recipe_model import RecipeModel, all_finite
+from official_resnet.run_state import NonFiniteLossError, RunState, World
 from tests import harness
 
 
-def identity_reduce(grads, variables):
-    del variables  # one worker
-    return grads
-
-
-def small_model():
+def small_model(label_smoothing=0.0):
     """With BN: its moving statistics are state a skipped step must not move either."""
     tf.keras.utils.set_random_seed(3)
-    return tf.keras.Sequential([tf.keras.layers.Dense(8, input_shape=(6,)),
-                                tf.keras.layers.BatchNormalization(),
-                                tf.keras.layers.Activation("tanh"),
-                                tf.keras.layers.Dense(4)])
+    net = tf.keras.Sequential([tf.keras.layers.Dense(8, input_shape=(6,)),
+                               tf.keras.layers.BatchNormalization(),
+                               tf.keras.layers.Activation("tanh"),
+                               tf.keras.layers.Dense(4)])
+    return RecipeModel.wrap(net, label_smoothing=label_smoothing)
 
 
 def batch(seed, nan=False):
@@ -38,6 +34,19 @@ def batch(seed, nan=False):
     if nan:
         images[0, 0] = np.nan
     return tf.constant(images), tf.constant(rng.randint(0, 4, 8))
+
+
+def update(model, images, labels):
+    """One update of model.accumulation micro-batches: (its global loss, applied)."""
+    k = int(model.accumulation.numpy())
+    for x, y in zip(tf.split(images, k), tf.split(labels, k)):
+        model.train_on_batch(x, y)
+    return float(model.last_loss.numpy()), bool(model.last_applied.numpy())
+
+
+def bn_layer(model):
+    return [layer for layer in model.layers
+            if isinstance(layer, tf.keras.layers.BatchNormalization)][0]
 
 
 class SkipStepTest(tf.test.TestCase):
@@ -52,34 +61,36 @@ class SkipStepTest(tf.test.TestCase):
         self.assertFalse(bool(all_finite([tf.constant(np.nan, tf.bfloat16)])))
 
     def test_nan_batch_skips_the_step_bit_for_bit(self):
-        model = small_model()
+        model = small_model(label_smoothing=0.1)
         optimizer = LARS(learning_rate=0.1, momentum=0.9, weight_decay=1e-4)
-        step = TrainStep(model, optimizer, identity_reduce, 4, 0.1).build(accumulation=2)
-        _, _, applied = step(*batch(0))
-        self.assertTrue(bool(applied))
+        model.compile(optimizer=optimizer)
+        model.accumulation.assign(2)
+        _, applied = update(model, *batch(0))
+        self.assertTrue(applied)
         state = [v.numpy().copy() for v in model.variables + optimizer.variables]
-        loss, _, applied = step(*batch(1, nan=True))
-        self.assertFalse(bool(applied))
-        self.assertTrue(np.isnan(float(loss)))
+        loss, applied = update(model, *batch(1, nan=True))
+        self.assertFalse(applied)
+        self.assertTrue(np.isnan(loss))
         for before, v in zip(state, model.variables + optimizer.variables):
             self.assertAllEqual(before, v.numpy(), msg=v.name)  # iterations too: not counted
-        _, _, applied = step(*batch(2))
-        self.assertTrue(bool(applied))  # the next finite step goes on normally
+        _, applied = update(model, *batch(2))
+        self.assertTrue(applied)  # the next finite step goes on normally
         self.assertNotAllEqual(state[0], model.variables[0].numpy())
-        moving_mean = model.layers[1].moving_mean
+        moving_mean = bn_layer(model).moving_mean
         self.assertNotAllEqual(state[[v.ref() for v in model.variables].index(moving_mean.ref())],
                                moving_mean.numpy())  # a taken step does move BN statistics
 
     def test_mixed_precision_overflow_lowers_the_loss_scale(self):
         tf.keras.mixed_precision.set_global_policy("mixed_float16")
         model = small_model()
-        optimizer = tf.keras.mixed_precision.LossScaleOptimizer(LARS(learning_rate=0.1))
-        step = TrainStep(model, optimizer, identity_reduce, 4, 0.0).build(accumulation=1)
-        step(*batch(0))
+        model.compile(optimizer=LARS(learning_rate=0.1))  # compile adds the LossScaleOptimizer
+        optimizer = model.optimizer
+        self.assertIsInstance(optimizer, tf.keras.mixed_precision.LossScaleOptimizer)
+        update(model, *batch(0))
         scale = float(optimizer.loss_scale)
         weights = [v.numpy().copy() for v in model.trainable_variables]
-        _, _, applied = step(*batch(1, nan=True))
-        self.assertFalse(bool(applied))
+        _, applied = update(model, *batch(1, nan=True))
+        self.assertFalse(applied)
         self.assertEqual(float(optimizer.loss_scale), scale / 2)
         for before, v in zip(weights, model.trainable_variables):
             self.assertAllEqual(before, v.numpy())
@@ -88,32 +99,42 @@ class SkipStepTest(tf.test.TestCase):
 STEPS_PER_EPOCH = 4
 
 
+class Run:
+    """The outcome of run_trainer: the shared state and its history."""
+
+    def __init__(self, state):
+        self.state, self.history = state, state.history
+
+
 def run_trainer(model_dir, nan_at_steps, resume_state=None, **policy):
-    """One epoch of 4 steps of the real Trainer on one worker; the batches of `nan_at_steps`
-    (1-based) hold a NaN; `resume_state` (a checkpoint's state.json) is handed to resume() first.
-    Returns the trainer (its history) or raises what it raises."""
+    """One epoch of 4 updates through model.fit and the recipe's callbacks on one worker; the
+    batches of `nan_at_steps` (1-based) hold a NaN; `resume_state` (a checkpoint's state.json)
+    carries the skip count and the clock. Returns the Run or raises what fit raises."""
     model = small_model()
-    lars = LARS(learning_rate=0.0, momentum=0.9)
-    batches = [batch(i, nan=i + 1 in nan_at_steps) for i in range(STEPS_PER_EPOCH + 1)]
-    images = tf.stack([b[0] for b in batches])
-    labels = tf.stack([b[1] for b in batches])
-    plan = PhasePlan(index=0, workers=1, start_epoch=0.0, end_epoch=1.0, total_batch=8, per_worker_batch=8,
-                     accumulation=1, micro_batch=8, steps_per_epoch=STEPS_PER_EPOCH)
-    trainer = Trainer(
-        model=model, optimizer=lars, lars=lars,
-        train_step=TrainStep(model, lars, identity_reduce, 4, 0.0),
-        eval_step=make_eval_step(model), plans=[plan],
-        schedule=Schedule("B", total_epochs=1.0, lr_scale=0.01, reference_batch=8),
-        make_train_data=lambda plan: tf.data.Dataset.from_tensor_slices((images, labels)),
-        make_eval_data=lambda: tf.data.Dataset.from_tensor_slices(batch(9)).batch(8),
-        recompute_bn=lambda model, batches, allreduce_sum: None,
-        dataset_size=8 * STEPS_PER_EPOCH, world=World(), model_dir=model_dir, bn_stat_batches=1,
-        summary_writer=tf.summary.create_file_writer(os.path.join(model_dir, "tensorboard")),
-        **policy)
+    model.compile(optimizer=LARS(learning_rate=0.01, momentum=0.9))
+    batches = [batch(i, nan=i + 1 in nan_at_steps) for i in range(STEPS_PER_EPOCH)]
+    images = tf.concat([b[0] for b in batches], 0)
+    labels = tf.concat([b[1] for b in batches], 0)
+    plan = PhasePlan(index=0, workers=1, start_epoch=0.0, end_epoch=1.0, total_batch=8,
+                     per_worker_batch=8, accumulation=1, micro_batch=8,
+                     steps_per_epoch=STEPS_PER_EPOCH)
+    state = RunState(world=World(), plans=[plan], dataset_size=8 * STEPS_PER_EPOCH,
+                     model_dir=model_dir)
     if resume_state is not None:
-        trainer.resume(resume_state)
-    trainer.run()
-    return trainer
+        state.elapsed_before = resume_state["elapsed"]
+        state.skips_in_a_row = resume_state["nonfinite_skips_in_a_row"]
+    writer = tf.summary.create_file_writer(os.path.join(model_dir, "tensorboard"))
+    data = tf.data.Dataset.from_tensor_slices((images, labels)).batch(8)
+    model.fit(data, epochs=1, steps_per_epoch=STEPS_PER_EPOCH, verbose=0, callbacks=[
+        RunProgress(state, 8), NonFiniteSteps(state, writer=writer, **policy),
+        EpochLogger(state, 8), TensorBoardScalars(state, writer)])
+    return Run(state)
+
+
+def checkpoint_state(run):
+    """What train.py's checkpoint says of the skip count and the clock."""
+    return {"nonfinite_skips_in_a_row": run.state.skips_in_a_row,
+            "elapsed": run.history[-1].elapsed}
 
 
 def scalars(log_dir, tag):
@@ -132,7 +153,7 @@ class TrainerReportTest(tf.test.TestCase):
 
     def test_skip_is_reported_with_its_step(self):
         model_dir = tempfile.mkdtemp(prefix="tftorus-nonfinite-")
-        with self.assertLogs("official_resnet.trainer", "WARNING") as logs:
+        with self.assertLogs("official_resnet.callbacks", "WARNING") as logs:
             trainer = run_trainer(model_dir, nan_at_steps={3})
         self.assertIn("step 3 (epoch 0.75): non-finite gradients or loss (nan) over all "
                       "workers; the step was skipped (1 in a row)", "\n".join(logs.output))
@@ -168,13 +189,12 @@ class TrainerReportTest(tf.test.TestCase):
 
     def test_skip_count_and_clock_carry_over_a_resume(self):
         trainer = run_trainer(tempfile.mkdtemp(), nan_at_steps={4}, max_nonfinite_skips=2)
-        state = trainer.checkpoint_state(trainer.history[-1])
+        state = checkpoint_state(trainer)
         self.assertEqual(state["nonfinite_skips_in_a_row"], 1)  # the epoch ended on a skip
         self.assertEqual(state["elapsed"], trainer.history[-1].elapsed)
-        # Resumed (the state says phase boundary, so the one phase runs again from epoch 0):
-        # the clock goes on from the saved seconds, and the first step's skip is the second in
-        # a row, which reaches --max_nonfinite_skips=2.
-        state.update(elapsed=1000.0, phase_boundary=True)
+        # Resumed: the clock goes on from the saved seconds, and the first step's skip is the
+        # second in a row, which reaches --max_nonfinite_skips=2.
+        state.update(elapsed=1000.0)
         resumed = run_trainer(tempfile.mkdtemp(), nan_at_steps=set(), resume_state=state,
                               max_nonfinite_skips=2)
         self.assertGreater(resumed.history[0].elapsed, 1000.0)

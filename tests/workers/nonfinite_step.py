@@ -9,18 +9,19 @@ import numpy as np
 import tensorflow as tf
 
 import tftorus
+import tftorus.keras
 from official_resnet.lars import LARS
-from official_resnet.train_step import TrainStep
+from official_resnet.recipe_model import RecipeModel
 import report  # noqa: E402  (tests/workers)
 
 tftorus.init()
 rank, size = tftorus.rank(), tftorus.size()
 tf.keras.utils.set_random_seed(5)
-model = tf.keras.Sequential([tf.keras.layers.Dense(8, activation="tanh", input_shape=(6,)),
-                             tf.keras.layers.Dense(4)])
-optimizer = LARS(learning_rate=0.1, momentum=0.9)
-step = TrainStep(model, optimizer, tftorus.gradient_reducer(), num_classes=4,
-                 label_smoothing=0.1).build(accumulation=1)
+model = RecipeModel.wrap(tf.keras.Sequential([
+    tf.keras.layers.Dense(8, activation="tanh", input_shape=(6,)), tf.keras.layers.Dense(4)]),
+    label_smoothing=0.1)
+model.compile(optimizer=tftorus.keras.DistributedOptimizer(LARS(learning_rate=0.1, momentum=0.9)))
+optimizer = model.optimizer
 rng = np.random.RandomState(rank)
 checks, failures, verdicts = 0, [], []
 for i in range(3):
@@ -28,7 +29,8 @@ for i in range(3):
     if i == 1 and rank == size - 1:
         images[3, 2] = np.nan  # only the last rank sees the bad value
     before = [v.numpy().copy() for v in model.variables + optimizer.variables]
-    _, _, applied = step(tf.constant(images), tf.constant(rng.randint(0, 4, 8)))
+    model.train_on_batch(tf.constant(images), tf.constant(rng.randint(0, 4, 8)))
+    applied = model.last_applied.numpy()
     after = [v.numpy() for v in model.variables + optimizer.variables]
     verdicts.append(bool(applied))
     unchanged = all(np.array_equal(a, b) for a, b in zip(before, after))

@@ -1,0 +1,202 @@
+"""The recipe's training step as a Keras model: `RecipeModel(...).fit(...)` trains as the paper.
+
+One `train_step` call is one micro-batch. Its gradients are added to per-variable accumulators;
+when `accumulation` micro-batches (a tf.Variable that official_resnet.callbacks.BatchSizeControl
+sets per epoch) are in, one update happens:
+
+    micro-batch -> forward (mixed precision) -> label-smoothed loss -> scaled backward -> accumulate
+    ... k-th micro-batch: mean of the k gradients -> one all-reduce over the torus through the
+    compiled tftorus DistributedOptimizer (the loss rides along) -> unscale -> skip the update if
+    any reduced gradient or the loss is inf/NaN, else LARS updates in FP32 (under mixed precision
+    the LossScaleOptimizer skips it and lowers the loss scale)
+
+The check runs on the *reduced* values, which are the same on every worker, so all workers take
+(or skip) every update together and none is left waiting in a collective. A skipped update
+leaves no trace: the BN moving statistics its forward passes moved are put back too. Keras
+already has `backward_passes_per_step` in Horovod's wrapper, but as a constant fixed when the
+optimizer is built; the paper's batch-size control changes it between epochs.
+"""
+from typing import List
+
+import tensorflow as tf
+
+from tftorus.optimizer import reduce_gradients
+
+
+def smoothed_cross_entropy(labels, logits, num_classes: int, label_smoothing: float):
+    """Mean cross-entropy against one-hot labels smoothed by `label_smoothing`, in FP32."""
+    one_hot = tf.one_hot(tf.cast(labels, tf.int32), num_classes)
+    loss = tf.keras.losses.categorical_crossentropy(
+        one_hot, tf.cast(logits, tf.float32), from_logits=True, label_smoothing=label_smoothing)
+    return tf.reduce_mean(loss)
+
+
+def correct_count(labels, logits) -> tf.Tensor:
+    """Top-1 hits in the batch, FP32."""
+    return tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, axis=-1, output_type=tf.int32),
+                                          tf.cast(labels, tf.int32)), tf.float32))
+
+
+def all_finite(tensors: List[tf.Tensor]) -> tf.Tensor:
+    """True when no tensor holds an inf or a NaN (one boolean for the whole list)."""
+    return tf.reduce_all([tf.reduce_all(tf.math.is_finite(tf.cast(t, tf.float32)))
+                          for t in tensors])
+
+
+class _StepState:
+    """The step's own variables, kept out of Keras' tracking (a plain object, not a Layer), so
+    they are neither model weights nor broadcast nor checkpointed: at every epoch end (where
+    checkpoints are written) the accumulators are empty."""
+
+    def __init__(self):
+        self.accumulation = tf.Variable(1, dtype=tf.int64, trainable=False,
+                                        name="accumulation")  # micro-batches per update
+        self.in_update = tf.Variable(0, dtype=tf.int64, trainable=False)  # micro-batches so far
+        self.updates = tf.Variable(0, dtype=tf.int64, trainable=False)  # taken or skipped
+        self.last_applied = tf.Variable(True, trainable=False)
+        self.last_loss = tf.Variable(0.0, trainable=False)  # global mean loss of the last update
+        self.loss_sum = tf.Variable(0.0, trainable=False)
+        self.grads = None  # per trainable variable, made at the first trace
+        self.state_before = None  # BN moving statistics at the update's first micro-batch
+        self.loss = tf.keras.metrics.Mean("loss")  # of applied updates, global
+        self.top1 = tf.keras.metrics.Mean("top1")  # this worker's micro-batches, in %
+
+
+class RecipeModel(tf.keras.Model):
+    """A functional Keras model whose `fit` trains with the paper's step (see the module text).
+
+        model = RecipeModel(net.inputs, net.outputs, label_smoothing=0.1)
+        model.compile(optimizer=tftorus.keras.DistributedOptimizer(LARS(...)))
+        model.fit(micro_batches, callbacks=[BatchSizeControl(...), ...])
+
+    `net` is any functional model with logits out; data are (images, integer labels). On one
+    process a plain optimizer works too. `updates`, `last_applied` and `last_loss` tell callbacks
+    what the last update did.
+    """
+
+    def __init__(self, *args, label_smoothing: float = 0.0, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.label_smoothing = float(label_smoothing)
+        self._step = _StepState()
+
+    @classmethod
+    def wrap(cls, net: tf.keras.Model, **kwargs) -> "RecipeModel":
+        """The same layers and weights as the functional `net`, with the recipe's step."""
+        return cls(inputs=net.inputs, outputs=net.outputs, name=net.name, **kwargs)
+
+    @property
+    def accumulation(self) -> tf.Variable:
+        return self._step.accumulation
+
+    @property
+    def updates(self) -> tf.Variable:
+        return self._step.updates
+
+    @property
+    def last_applied(self) -> tf.Variable:
+        return self._step.last_applied
+
+    @property
+    def last_loss(self) -> tf.Variable:
+        return self._step.last_loss
+
+    @property
+    def metrics(self):
+        return [self._step.loss, self._step.top1]
+
+    def _loss_scaled(self) -> bool:
+        return isinstance(self.optimizer, tf.keras.mixed_precision.LossScaleOptimizer)
+
+    def _make_step_variables(self):
+        """At the first trace, outside any tf.cond (TensorFlow creates no variables there)."""
+        step = self._step
+        if step.grads is None:
+            step.grads = [tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False)
+                          for v in self.trainable_variables]
+            step.state_before = [tf.Variable(v, trainable=False)
+                                 for v in self.non_trainable_variables]
+            inner = self.optimizer.inner_optimizer if self._loss_scaled() else self.optimizer
+            inner.build(self.trainable_variables)  # slots too: the update sits in a tf.cond
+
+    def train_step(self, data):
+        images, labels = data[0], data[1]
+        step, variables = self._step, self.trainable_variables
+        self._make_step_variables()
+        state = self.non_trainable_variables
+
+        def snapshot():
+            for v, saved in zip(state, step.state_before):
+                saved.assign(v)
+            for g in step.grads:
+                g.assign(tf.zeros_like(g))
+            step.loss_sum.assign(0.0)
+            return tf.constant(True)
+
+        # Read before the forward pass moves them (TF orders a variable's reads and writes).
+        tf.cond(tf.equal(step.in_update, 0), snapshot, lambda: tf.constant(False))
+        with tf.GradientTape() as tape:
+            logits = self(images, training=True)
+            loss = smoothed_cross_entropy(labels, logits, self.output_shape[-1],
+                                          self.label_smoothing)
+            scaled = self.optimizer.get_scaled_loss(loss) if self._loss_scaled() else loss
+        grads = tape.gradient(scaled, variables)
+        for total, g in zip(step.grads, grads):
+            total.assign_add(tf.convert_to_tensor(g))
+        step.loss_sum.assign_add(loss)
+        step.in_update.assign_add(1)
+        step.top1.update_state(100.0 * correct_count(labels, logits)
+                               / tf.cast(tf.shape(labels)[0], tf.float32))
+        tf.cond(tf.equal(step.in_update, step.accumulation), self._update,
+                lambda: tf.constant(False))
+        return {m.name: m.result() for m in self.metrics}
+
+    def _update(self):
+        """The k-th micro-batch: reduce the mean gradient and the loss, check, apply or skip."""
+        step, variables = self._step, self.trainable_variables
+        k = tf.cast(step.accumulation, tf.float32)
+        grads = [g / tf.cast(k, g.dtype) for g in step.grads]
+        loss = step.loss_sum / k
+        # The loss rides in the gradient all-reduce: every worker sees the global mean loss,
+        # and a non-finite one at the same update.
+        reduced = reduce_gradients(self.optimizer, grads + [tf.reshape(loss, [1])],
+                                   list(variables) + [None])
+        grads, loss = reduced[:-1], tf.reshape(reduced[-1], [])
+        if self._loss_scaled():
+            grads = self.optimizer.get_unscaled_gradients(grads)
+        finite = all_finite(grads + [loss])
+
+        def discard_state_updates():
+            for v, before in zip(self.non_trainable_variables, step.state_before):
+                v.assign(before)
+            return tf.constant(False)
+
+        def apply():
+            self.optimizer.apply_gradients(zip(grads, variables))
+            return tf.constant(True)
+
+        if self._loss_scaled():  # it skips non-finite updates itself and lowers the loss scale
+            self.optimizer.apply_gradients(zip(grads, variables))
+            applied = tf.cond(finite, lambda: tf.constant(True), discard_state_updates)
+        else:
+            applied = tf.cond(finite, apply, discard_state_updates)
+        step.in_update.assign(0)
+        step.updates.assign_add(1)
+        step.last_applied.assign(applied)
+        step.last_loss.assign(loss)
+
+        def record_loss():
+            step.loss.update_state(loss)
+            return tf.constant(True)
+        tf.cond(applied, record_loss, lambda: tf.constant(False))
+        return applied
+
+
+def make_eval_step(model: tf.keras.Model):
+    """`eval_step(images, labels) -> (correct, count)` with the BN statistics in the model."""
+
+    @tf.function
+    def eval_step(images, labels):
+        logits = model(images, training=False)
+        return correct_count(labels, logits), tf.cast(tf.shape(labels)[0], tf.float32)
+
+    return eval_step
