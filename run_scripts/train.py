@@ -343,8 +343,9 @@ def make_callbacks(job: Job, state: RunState, segment, schedule, data, writer, s
                             tftorus.keras.callbacks.BroadcastGlobalVariablesCallback(0)]
     return engine_callbacks + [
         RunProgress(state, micro),
-        BatchSizeControl([(round(p.start_epoch / state.epoch_fraction), p.accumulation)
-                          for p in segment.phases], on_switch=phase_line),
+        BatchSizeControl([(0 if i == 0 else round(p.start_epoch / state.epoch_fraction),
+                           p.accumulation) for i, p in enumerate(segment.phases)],
+                         on_switch=phase_line),
         LRMomentumSchedule(schedule.lr, schedule.momentum, micro, world.size,
                            state.epoch_fraction),
         NonFiniteSteps(state, config.on_nonfinite, config.max_nonfinite_skips, writer),

@@ -7,8 +7,9 @@ import tempfile
 
 import tensorflow as tf
 
-from official_resnet import embedded_data
+from official_resnet import checkpointing, embedded_data
 from tests import harness
+from tests.test_nonfinite import scalars
 
 TRAIN, FLAGFILE = harness.TRAIN, harness.FLAGFILE
 SPEC = embedded_data.EmbeddedSpec(num_train=1024, num_validation=128, train_shards=4,
@@ -43,6 +44,47 @@ class TrainScriptTest(harness.EmbeddedDataCase, tf.test.TestCase):
         self.assertIn("Table 6 style | workers 2", result.output)
         for name in ("config.json", "summary.json", "tensorboard", "checkpoints"):
             self.assertTrue(os.path.exists(os.path.join(model_dir, name)), name)
+
+    def test_experiments_ref_1_and_4_end_to_end_with_tensorboard(self):
+        # One process each, few steps: every phase of each experiment runs through model.fit,
+        # and TensorBoard holds the scalars a user looks at.
+        for exp, flags, totals in (("ref", ["--epochs=1"], {128}),
+                                   ("1", ["--epochs=1"], {136, 272}),
+                                   ("4", ["--epochs=2", "--batch_divisor=1024"],
+                                    {34, 68, 85, 119})):
+            with self.subTest(exp=exp):
+                result, model_dir = self.train(f"--exp={exp}", "--eval_every=10", *flags)
+                self.assertEqual(result.returncode, 0, harness.describe(result))
+                with open(os.path.join(model_dir, "history.jsonl")) as f:
+                    history = [json.loads(line) for line in f]
+                self.assertEqual({h["total_batch"] for h in history}, totals)
+                self.assertIsNotNone(history[-1]["top1"])
+                board = os.path.join(model_dir, "tensorboard")
+                for tag in ("loss", "train_top1", "top1", "lr", "momentum", "total_batch",
+                            "images_per_sec"):
+                    points = scalars(board, tag)
+                    self.assertTrue(points, f"no {tag} in TensorBoard")
+                self.assertEqual({v for _, v in scalars(board, "total_batch")}, totals)
+                steps = [step for step, _ in scalars(board, "loss")]
+                self.assertEqual(steps, sorted(steps))  # samples seen: the common axis
+
+    def test_mixed_precision_uses_the_loss_scale_and_resumes(self):
+        flags = ["--exp=2", "--epochs=1", "--precision=mixed_float16", "--eval_every=10"]
+        result, model_dir = self.train(*flags, "--stop_at_epoch=0.3")
+        self.assertEqual(result.returncode, 0, harness.describe(result))
+        self.assertIn("dynamic loss scale starting at 32768", result.output)
+        path, state = checkpointing.latest_valid(model_dir)
+        reader = tf.train.load_checkpoint(os.path.join(path, checkpointing.PREFIX))
+        names = list(reader.get_variable_to_shape_map())
+        self.assertTrue([n for n in names if "loss_scale" in n], names)
+        self.assertLess(state["epoch"], 1.0)
+        again = harness.run([TRAIN, f"--flagfile={FLAGFILE}", f"--data_dir={self.data}",
+                             f"--model_dir={model_dir}", "--bn_stat_batches=1", *flags],
+                            np=0, timeout=420)
+        self.assertEqual(again.returncode, 0, harness.describe(again))
+        self.assertIn("resumed at epoch", again.output)
+        with open(os.path.join(model_dir, "summary.json")) as f:
+            self.assertGreaterEqual(json.load(f)["epochs"], 0.99)
 
     def test_tf_engine_trains_on_tf_config_workers(self):
         # Two TF_CONFIG processes, no horovodrun and no Horovod runtime: the tf engine alone.

@@ -25,7 +25,8 @@ from tftorus.compression import Compression  # adds bf16 to Horovod's choices
 from tftorus.context import init, shutdown
 from tftorus.grid import PAPER_GRIDS, GridError, TorusGrid, plan_grid, resolve_grid
 from tftorus.optimizer import (DistributedGradientTape, PartialDistributedGradientTape,
-                               check_optimizer, over_the_torus, torus_gradient_reduction)
+                               check_optimizer, over_the_torus, reduce_gradients,
+                               torus_gradient_reduction)
 from tftorus.reduction import SUPPORTED_DTYPES, TorusOptions, fused_allreduce, gradient_reducer
 from tftorus.unsupported import UnsupportedError, refuse
 
@@ -44,7 +45,8 @@ __all__ = [
     # tftorus' own
     "init", "shutdown", "DistributedOptimizer", "DistributedGradientTape",
     "PartialDistributedGradientTape", "Compression", "TorusOptions", "TorusGrid", "GridError",
-    "PAPER_GRIDS", "plan_grid", "resolve_grid", "gradient_reducer", "fused_allreduce",
+    "PAPER_GRIDS", "plan_grid", "resolve_grid", "gradient_reducer", "reduce_gradients",
+    "fused_allreduce",
     "torus_gradient_reduction", "SUPPORTED_DTYPES", "UnsupportedError", "world",
     # Horovod's, unchanged
     "Average", "Sum", "Adasum", "Min", "Max", "Product", "ProcessSet", "global_process_set",

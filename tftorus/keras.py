@@ -13,13 +13,14 @@ from horovod.tensorflow.keras import (  # noqa: F401  Horovod's own, unchanged
 
 from tftorus.compression import Compression
 from tftorus.context import init, shutdown
-from tftorus.optimizer import DistributedOptimizer, load_model
+from tftorus.optimizer import DistributedOptimizer, load_model, reduce_gradients
 from tftorus.reduction import TorusOptions
 from tftorus.unsupported import refuse
 
 __all__ = [
     # tftorus' own
-    "init", "shutdown", "DistributedOptimizer", "load_model", "Compression", "TorusOptions",
+    "init", "shutdown", "DistributedOptimizer", "load_model", "reduce_gradients", "Compression",
+    "TorusOptions",
     # Horovod's, unchanged
     "Average", "Sum", "ProcessSet", "global_process_set", "add_process_set",
     "remove_process_set", "allgather", "allreduce", "broadcast", "broadcast_global_variables",

@@ -1,0 +1,131 @@
+"""The recipe's callbacks: BatchSizeControl in a user's own fit on 2 workers (the batch per update
+switches at the given epoch, the updates per epoch follow, and the weights equal one process's
+with the same total batches), its errors, the LR/momentum schedule per update, and how train.py
+cuts the batch plan into Keras epochs and fits."""
+import json
+import os
+import tempfile
+
+import numpy as np
+import tensorflow as tf
+
+from official_resnet import batch_plan
+from official_resnet.batch_plan import PhasePlan
+from official_resnet.callbacks import BatchSizeControl, LRMomentumSchedule
+from official_resnet.lars import LARS
+from official_resnet.recipe_model import RecipeModel
+from official_resnet.run_state import epochs_per_keras_epoch
+from tests import harness
+
+
+def load(directory, rank):
+    with np.load(os.path.join(directory, f"rank{rank}.npz")) as f:
+        return [f[k] for k in sorted(f.files, key=lambda k: int(k.split("_")[1]))]
+
+
+class BatchSizeControlFitTest(tf.test.TestCase):
+
+    def run_worker(self, np_, out):
+        result = harness.run([harness.worker("batch_size_control_fit.py"), out], np=np_,
+                             timeout=300)
+        self.assertEqual(result.returncode, 0, harness.describe(result))
+
+    def test_users_fit_on_two_workers(self):
+        tmp = tempfile.mkdtemp(prefix="tftorus-bsc-")
+        single, multi = os.path.join(tmp, "single"), os.path.join(tmp, "multi")
+        self.run_worker(0, single)
+        self.run_worker(2, multi)
+        expected = [{"updates": 8, "batch_per_update": 8}] * 2 + \
+                   [{"updates": 4, "batch_per_update": 16}] * 2
+        for directory, ranks in ((single, [0]), (multi, [0, 1])):
+            for r in ranks:
+                with open(os.path.join(directory, f"rank{r}.json")) as f:
+                    self.assertEqual(json.load(f), expected, f"{directory} rank {r}")
+        reference, got, other = load(single, 0), load(multi, 0), load(multi, 1)
+        for a, b, c in zip(reference, got, other):
+            self.assertAllEqual(b, c)  # both workers hold the same weights
+            self.assertLess(np.max(np.abs(a - b)) / np.max(np.abs(a)), 1e-5)
+
+
+def small_model():
+    tf.keras.utils.set_random_seed(1)
+    net = tf.keras.Sequential([tf.keras.layers.Dense(4, input_shape=(3,))])
+    return RecipeModel.wrap(net)
+
+
+class CallbackUnitTest(tf.test.TestCase):
+
+    def test_totals_that_do_not_split_say_what_to_change(self):
+        with self.assertRaisesRegex(ValueError, r"total batch 12 of epochs 2-4 is not a multiple "
+                                                r"of micro-batch 8 x 1 workers"):
+            BatchSizeControl.from_total_batches([(0, 2, 8), (2, 4, 12)], micro_batch=8,
+                                                workers=1)
+
+    def test_needs_an_accumulating_model_and_whole_updates_per_epoch(self):
+        data = tf.data.Dataset.from_tensors((tf.ones([2, 3]), tf.zeros([2], tf.int32))).repeat()
+        plain = tf.keras.Sequential([tf.keras.layers.Dense(4, input_shape=(3,))])
+        plain.compile(optimizer="sgd", loss="mse")
+        with self.assertRaisesRegex(TypeError, "RecipeModel"):
+            plain.fit(data, epochs=1, steps_per_epoch=2, verbose=0,
+                      callbacks=[BatchSizeControl([(0, 2)])])
+        model = small_model()
+        model.compile(optimizer=tf.keras.optimizers.SGD(0.1))
+        with self.assertRaisesRegex(ValueError, "3 steps per epoch is not a multiple of \\[2\\]"):
+            model.fit(data, epochs=1, steps_per_epoch=3, verbose=0,
+                      callbacks=[BatchSizeControl([(0, 2)])])
+
+    def test_lr_and_momentum_are_set_per_update_on_the_samples_clock(self):
+        model = small_model()
+        model.compile(optimizer=LARS(learning_rate=0.0, momentum=0.9))
+        seen = []
+
+        class Record(tf.keras.callbacks.Callback):
+            def on_train_batch_begin(self, batch, logs=None):
+                opt = self.model.optimizer
+                seen.append((batch, round(float(opt.learning_rate.numpy()), 4),
+                             round(float(opt.momentum.numpy()), 4)))
+
+        data = tf.data.Dataset.from_tensors((tf.ones([2, 3]), tf.zeros([2], tf.int32))).repeat()
+        schedule = LRMomentumSchedule(lambda epoch: epoch, lambda epoch, total: total / 100,
+                                      micro_batch=2, workers=1, epoch_fraction=0.5)
+        model.fit(data, epochs=2, steps_per_epoch=4, verbose=0, callbacks=[
+            BatchSizeControl([(0, 1), (1, 2)]), schedule, Record()])
+        # epoch 0: one micro-batch per update, LR = data epoch = batch / 4 / 2; epoch 1: updates
+        # of 2 micro-batches, set at their first (batches 0 and 2), total batch 4
+        self.assertEqual(seen, [(0, 0.0, 0.02), (1, 0.125, 0.02), (2, 0.25, 0.02),
+                                (3, 0.375, 0.02), (0, 0.5, 0.04), (1, 0.5, 0.04),
+                                (2, 0.75, 0.04), (3, 0.75, 0.04)])
+
+
+def plan(index, start, end, workers, total, accumulation=1):
+    per_worker = total // workers
+    return PhasePlan(index=index, workers=workers, start_epoch=start, end_epoch=end,
+                     total_batch=total, per_worker_batch=per_worker, accumulation=accumulation,
+                     micro_batch=per_worker // accumulation, steps_per_epoch=1000 // total)
+
+
+class FitSegmentsTest(tf.test.TestCase):
+
+    def test_keras_epochs_put_every_phase_boundary_on_an_epoch(self):
+        self.assertEqual(epochs_per_keras_epoch([plan(0, 0, 1.5, 1, 8), plan(1, 1.5, 3, 1, 8)]),
+                         0.5)
+        self.assertAlmostEqual(epochs_per_keras_epoch([plan(0, 0, 2 / 3, 1, 8),
+                                                       plan(1, 2 / 3, 2, 1, 8)]), 1 / 3)
+        with self.assertRaisesRegex(ValueError, "choose --epochs"):
+            epochs_per_keras_epoch([plan(0, 0, 0.123, 1, 8), plan(1, 0.123, 1, 1, 8)])
+
+    def test_a_new_fit_where_the_world_size_or_the_micro_batch_changes(self):
+        plans = [plan(0, 0, 1, 4, 64), plan(1, 1, 2, 4, 128, accumulation=2),  # micro 16, 16
+                 plan(2, 2, 3, 4, 96),  # micro 24
+                 plan(3, 3, 4, 2, 96)]  # other world size
+        segments = batch_plan.fit_segments(plans, dataset_size=1000, epoch_fraction=1.0)
+        self.assertEqual([[p.index for p in s.phases] for s in segments], [[0, 1], [2], [3]])
+        self.assertEqual([(s.first_epoch, s.end_epoch) for s in segments],
+                         [(0, 2), (2, 3), (3, 4)])
+        # 1000 examples / (4 x 16) = 15.6 micro-steps, cut to a multiple of the accumulations (1,
+        # 2); / (4 x 24) = 10.4; / (2 x 48) = 10.4
+        self.assertEqual([s.steps_per_epoch for s in segments], [14, 10, 10])
+
+
+if __name__ == "__main__":
+    tf.test.main()
