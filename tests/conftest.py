@@ -33,6 +33,11 @@ SLOW = {
     "tests/test_bad_input.py::BadInputTest::test_every_bad_input_fails_clearly": 82,
     "tests/test_bad_input_surface.py::BadInputSurfaceTest::"
     "test_every_case_fails_clearly_and_keeps_what_was_there": 72,
+    # three experiments end to end through train.py (ref, 1, 4, one process each); Exp. 2 and 3
+    # on 2 workers and mixed precision stay in the default tier. Not yet timed alone: with the
+    # mixed-precision and launcher tests it took 393 s here (2026-11-23)
+    "tests/test_train_script.py::TrainScriptTest::"
+    "test_experiments_ref_1_and_4_end_to_end_with_tensorboard": None,
     # the tf engine without Horovod; the Horovod engine's equivalence tests stay
     "tests/test_training_equivalence.py::TrainingEquivalenceTest::"
     "test_tf_engine_fit_without_horovod_and_engines_agree": 49,
