@@ -18,7 +18,9 @@ give the median over repeats and its ratio to Horovod's reference:
 
   hvd      hvd.grouped_allreduce for a gradient set (what hvd.DistributedOptimizer runs),
            hvd.allreduce for a single buffer
-  torus    tftorus.fused_allreduce(algorithm='torus'), row reduce-scatter as alltoall + local sum
+  torus    tftorus.fused_allreduce(algorithm='torus'), row reduce-scatter as alltoall + local sum,
+           chunk pipeline as tftorus chooses it (off on Horovod: its collectives run one at a time)
+  torus-chunks<K>   the same, each fused buffer forced into K pipelined chunks (--chunks)
   torus-native   the same with hvd.reducescatter in the rows
   ring     tftorus' fusion + one hvd.allreduce over the world
   hierarchical   all-reduce in the torus rows, then of the whole buffer in the columns
@@ -27,12 +29,13 @@ With the tf engine (--engines ... tf, the default), the same processes also star
 collective runtime (tftorus.init(engine='tf', with_horovod=True)) and time:
 
   torus-tf, ring-tf, hierarchical-tf   the same algorithms on TF's collective ops (ring-tf is one
-           CollectiveReduceV2 over the world per fused buffer)
+           CollectiveReduceV2 over the world per fused buffer); torus-tf pipelines chunks as
+           tftorus chooses (across hosts, from 16 MiB)
+  torus-tf-nochunks   torus-tf without the chunk pipeline
   mwms     tf.distribute.MultiWorkerMirroredStrategy's own all-reduce path (its
            CollectiveReplicaLauncher, RING, one pack, a fresh instance key per call)
 
-With --prototypes, candidate changes to tftorus built in this file (torus-chunks<K>,
-torus-nocheck) are timed alongside. The torus' steps are also timed as separate
+The torus' steps are also timed as separate
 tf.functions (pack, row reduce-scatter, column all-reduce, row all-gather, unpack, the
 consistency check), to show where its time goes. Results go to a CSV
 (--csv, default under /tmp); do not commit them.
@@ -98,9 +101,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                      help="only these variants/phases (default: all); 'hvd' is always kept")
     run.add_argument("--no-phases", dest="phases", action="store_false",
                      help="skip the per-phase torus timings")
-    run.add_argument("--prototypes", action="store_true",
-                     help="also time candidate changes: torus-chunks<K>, torus-nocheck")
-    run.add_argument("--chunks", type=int, default=4, help="slices for torus-chunks<K>")
+    run.add_argument("--chunks", type=int, default=4,
+                     help="pipelined chunks per buffer of the torus-chunks<K> variant")
     run.add_argument("--fusion-threshold-mb", type=float, default=128.0,
                      help="tftorus fusion threshold in MiB (default: 128, Horovod's default)")
     out = p.add_argument_group("output")
@@ -231,7 +233,7 @@ def compressions(name: str):
             "fp16": (hvd.Compression.fp16, tftorus.Compression.fp16)}[name]
 
 
-def variant_fns(setup: Setup, workload: Workload) -> Dict[str, Callable]:
+def variant_fns(setup: Setup, workload: Workload, chunks: int) -> Dict[str, Callable]:
     """name -> tf.function(list of tensors) for the all-reduce variants of one workload."""
     import horovod.tensorflow as hvd
     import tftorus
@@ -242,22 +244,25 @@ def variant_fns(setup: Setup, workload: Workload) -> Dict[str, Callable]:
             return hvd.grouped_allreduce(ts, op=hvd.Sum, compression=hvd_comp)
         return [hvd.allreduce(ts[0], op=hvd.Sum, compression=hvd_comp)]
 
-    def tftorus_fn(algorithm, comm):
+    def tftorus_fn(algorithm, comm, pipeline_chunks=None):
         def fn(ts):
             return tftorus.fused_allreduce(
                 ts, "sum", algorithm=algorithm, compression=torus_comp, comm=comm,
-                torus_grid=setup.grid, fusion_threshold_bytes=setup.fusion_bytes)
+                torus_grid=setup.grid, fusion_threshold_bytes=setup.fusion_bytes,
+                pipeline_chunks=pipeline_chunks)
         return fn
 
     fns = {
         REFERENCE: graph(reference),
         "torus": graph(tftorus_fn("torus", setup.comm)),
+        f"torus-chunks{chunks}": graph(tftorus_fn("torus", setup.comm, chunks)),
         "torus-native": graph(tftorus_fn("torus", setup.native)),
         "ring": graph(tftorus_fn("ring", setup.comm)),
         "hierarchical": graph(tftorus_fn("hierarchical", setup.comm)),
     }
     if setup.tf_comm is not None:
         fns["torus-tf"] = graph(tftorus_fn("torus", setup.tf_comm))
+        fns["torus-tf-nochunks"] = graph(tftorus_fn("torus", setup.tf_comm, 1))
         fns["ring-tf"] = graph(tftorus_fn("ring", setup.tf_comm))
         fns["hierarchical-tf"] = graph(tftorus_fn("hierarchical", setup.tf_comm))
         if workload.compression == "none":  # MWMS sends what it is given: FP32 here
@@ -310,45 +315,6 @@ def phase_fns(setup: Setup, workload: Workload, tensors) -> Dict[str, tuple]:
         "unpack": (graph(unpack), flats),
         "consistency check": (graph(check), [tf.zeros([1])]),
     }
-
-
-# ==================================================================================================
-# Prototype variants (--prototypes): candidate changes to tftorus, built from its public pieces
-# ==================================================================================================
-
-def chunked_torus(comm, grid, flat, chunks: int):
-    """The torus on `chunks` independent slices of one buffer, so TensorFlow can run one slice's
-    local work (alltoall sum, copies) while Horovod communicates another's."""
-    import tensorflow as tf
-    row, col = grid.row_group(comm.rank), grid.col_group(comm.rank)
-    parts = tf.split(flat, chunks)
-    shards = [comm.reduce_scatter(p, row) for p in parts]
-    shards = [comm.all_reduce(s, col) for s in shards]
-    return tf.concat([comm.all_gather(s, row) for s in shards], axis=0)
-
-
-def prototype_fns(setup: Setup, workload: Workload, chunks: int) -> Dict[str, Callable]:
-    import tftorus
-    from tftorus import fusion
-    _, comp = compressions(workload.compression)
-    comm, grid = setup.comm, setup.grid
-    align = chunks * grid.x * 16  # 16 elements: every chunk starts 64-byte aligned (no copy)
-
-    def chunked(ts):
-        wire, ctxs = zip(*[comp.compress(t) for t in ts])
-        out = [None] * len(ts)
-        for b in fusion.plan_buckets(wire, setup.fusion_bytes):
-            flat = chunked_torus(comm, grid, fusion.pack(wire, b, align), chunks)
-            for i, piece in zip(b.indices, fusion.unpack(flat, b)):
-                out[i] = comp.decompress(piece, ctxs[i])
-        return out
-
-    def unchecked(ts):
-        return tftorus.fused_allreduce(ts, "sum", algorithm="torus", compression=comp, comm=comm,
-                                       torus_grid=grid, fusion_threshold_bytes=setup.fusion_bytes,
-                                       check_consistency=False)
-
-    return {f"torus-chunks{chunks}": graph(chunked), "torus-nocheck": graph(unchecked)}
 
 
 # ==================================================================================================
@@ -487,13 +453,9 @@ def bench_workload(setup: Setup, workload: Workload, args) -> List[Row]:
     import horovod.tensorflow as hvd
     tensors = make_tensors(workload, seed=hvd.rank())
     items, kinds = {}, {}
-    for name, fn in variant_fns(setup, workload).items():
+    for name, fn in variant_fns(setup, workload, args.chunks).items():
         if wanted(name, args.variants):
             items[name], kinds[name] = (fn, tensors), "variant"
-    if args.prototypes:
-        for name, fn in prototype_fns(setup, workload, args.chunks).items():
-            if wanted(name, args.variants):
-                items[name], kinds[name] = (fn, tensors), "variant"
     if args.phases:
         for name, item in phase_fns(setup, workload, tensors).items():
             if wanted(name, args.variants):
@@ -553,8 +515,7 @@ def worker_argv(args, np_: int, shapes_file: str) -> List[str]:
         argv += ["--variants", *args.variants]
     if not args.phases:
         argv.append("--no-phases")
-    if args.prototypes:
-        argv += ["--prototypes", "--chunks", str(args.chunks)]
+    argv += ["--chunks", str(args.chunks)]
     return argv
 
 

@@ -1,8 +1,10 @@
 """An emulated multi-host cluster on this machine, and the all-reduce benchmark across it.
 
-    sudo .venv/bin/python -m studies.emulated_cluster                # 4 hosts x 2 ranks, 1 Gbit/s
+    sudo .venv/bin/python -m studies.emulated_cluster              # 2 hosts x 4 ranks, 0.25 Gbit/s
     sudo .venv/bin/python -m studies.emulated_cluster --hosts 2 --ranks-per-host 2 \\
         --link-gbit 0.5 --sizes 1M 16M --resnet
+    sudo .venv/bin/python -m studies.emulated_cluster --sweep 2x2 2x4 4x2 --link-gbit 0.25 1 \\
+        --engines horovod --sizes 16M 64M                  # one cluster per topology and rate
 
 Each host is a Linux network namespace (tft-h0, tft-h1, ...) with one veth link to a bridge in
 the root namespace (tftbr0, 10.77.0.254/24; host k is 10.77.0.k+1). Every host link is limited
@@ -19,7 +21,7 @@ row per host (Y = hosts, X = ranks per host): the torus' row phases stay inside 
 column phase crosses hosts, as on the paper's nodes.
 
 Prints per workload the median of each variant (slowest rank per call) and the ratios torus /
-ring, torus / hierarchical and torus / hvd; writes a CSV (default /tmp/tftorus_emulated/
+ring (beside its byte limit, see `byte_limit`), torus / hierarchical and torus / hvd; writes a CSV (default /tmp/tftorus_emulated/
 allreduce.csv, with columns hosts, ranks_per_host, link_gbit and bytes for
 studies/scale_model.py --csv) and two PNG plots beside it. Needs root; exits 77 (skipped)
 with the reason where namespaces cannot be made. Sets up and removes everything itself.
@@ -27,6 +29,7 @@ with the reason where namespaces cannot be made. Sets up and removes everything 
 import argparse
 import csv
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -140,14 +143,13 @@ def teardown() -> None:
 # Horovod across the namespaces
 # ==================================================================================================
 
-def launch(args, bench_argv: List[str], log_path: str) -> int:
+def launch(args, hosts: int, rph: int, bench_argv: List[str], log_path: str) -> int:
     """Start every rank in its host's namespace with horovodrun's environment; echo rank 0."""
     from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
     from horovod.runner.http.http_server import RendezvousServer
-    size = args.hosts * args.ranks_per_host
+    size = hosts * rph
     slots = get_host_assignments(
-        parse_hosts(",".join(f"{host_ip(k)}:{args.ranks_per_host}" for k in range(args.hosts))),
-        size)
+        parse_hosts(",".join(f"{host_ip(k)}:{rph}" for k in range(hosts))), size)
     server = RendezvousServer()
     port = server.start()
     server.init(slots)
@@ -213,28 +215,98 @@ def launch(args, bench_argv: List[str], log_path: str) -> int:
 # Report: ratios and plots from the CSV
 # ==================================================================================================
 
+def byte_limit(hosts: int, ranks_per_host: int) -> float:
+    """Torus / ring time where the host links are the only bottleneck: the bytes each host must
+    send across its link. A flat ring over ranks laid out host by host crosses each host's link
+    once, with 2(N-1)/N of the buffer; the torus' column all-reduces (one per rank of a host,
+    each on 1/X of the buffer) send 2(Y-1)/Y of it. Y = hosts, X = ranks per host, N = X Y."""
+    n = hosts * ranks_per_host
+    return (hosts - 1) / hosts * n / (n - 1)
+
+
 def read_rows(path: str) -> List[Dict[str, str]]:
     with open(path, newline="") as f:
         return list(csv.DictReader(f))
 
 
-def ratio_table(rows: List[Dict[str, str]]) -> str:
+def medians(rows: List[Dict[str, str]]) -> Dict[str, Dict[str, float]]:
+    """workload -> variant -> median ms."""
     by = {}
     for r in rows:
         if r["kind"] == "variant":
             by.setdefault(r["workload"], {})[r["name"]] = float(r["median_ms"])
-    torus_names = [n for n in ("torus", "torus-tf") if any(n in v for v in by.values())]
-    head = "| workload | " + " | ".join(f"{n} ms" for n in ("hvd", "ring", "hierarchical",
-                                                             *torus_names)) + " | " + " | ".join(
-        f"{t} / {b}" for t in torus_names for b in ("ring", "hierarchical", "hvd")) + " |"
+    return by
+
+
+def ratio_table(rows: List[Dict[str, str]], limit: float) -> str:
+    by = medians(rows)
+    torus_names = [n for n in dict.fromkeys(n for v in by.values() for n in v)
+                   if n.startswith("torus") and "native" not in n]
+    head = ("| workload | " + " | ".join(f"{n} ms" for n in ("hvd", "ring", "hierarchical",
+                                                             *torus_names))
+            + " | byte limit | " + " | ".join(f"{t} / ring" for t in torus_names)
+            + " | torus / hierarchical | torus / hvd |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for workload, v in by.items():
         cells = [f"{v[n]:.1f}" if n in v else "" for n in ("hvd", "ring", "hierarchical",
                                                           *torus_names)]
-        cells += [f"{v[t] / v[b]:.2f}" if t in v and b in v else ""
-                  for t in torus_names for b in ("ring", "hierarchical", "hvd")]
+        cells.append(f"{limit:.3f}")
+        cells += [f"{v[t] / v['ring']:.2f}" if t in v and "ring" in v else ""
+                  for t in torus_names]
+        cells += [f"{v['torus'] / v[b]:.2f}" if "torus" in v and b in v else ""
+                  for b in ("hierarchical", "hvd")]
         lines.append(f"| {workload} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def sweep_table(results: List[tuple]) -> str:
+    """One line per (topology, link, workload): each torus variant / ring beside the limit."""
+    names = [n for n in dict.fromkeys(n for *_, rows in results for v in medians(rows).values()
+                                      for n in v) if n.startswith("torus") and "native" not in n]
+    head = ("| hosts x ranks | link Gbit/s | workload | byte limit | "
+            + " | ".join(f"{n} / ring" for n in names) + " |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for hosts, rph, gbit, rows in results:
+        for workload, v in medians(rows).items():
+            cells = [f"{v[n] / v['ring']:.2f}" if n in v and "ring" in v else "" for n in names]
+            lines.append(f"| {hosts} x {rph} | {gbit:g} | {workload} | "
+                         f"{byte_limit(hosts, rph):.3f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def sweep_plot(results: List[tuple], out_dir: str) -> str:
+    """torus / ring measured per topology and workload, with the byte limit as a bar."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    labels = [f"{h}x{r}\n{g:g} Gbit/s" for h, r, g, _ in results]
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(results)), 4.5))
+    ax.bar(range(len(results)), [byte_limit(h, r) for h, r, _, _ in results], color="0.85",
+           label="byte limit (host link bytes, torus / ring)")
+    workloads = list(dict.fromkeys(w for *_, rows in results for w in medians(rows)))
+    for j, workload in enumerate(workloads):
+        for name, marker in (("torus", "o"), ("torus-tf", "s")):
+            xs, ys = [], []
+            for i, (*_, rows) in enumerate(results):
+                v = medians(rows).get(workload, {})
+                if name in v and "ring" in v:
+                    xs.append(i + (j - (len(workloads) - 1) / 2) * 0.12)
+                    ys.append(v[name] / v["ring"])
+            if xs:
+                ax.plot(xs, ys, marker, color=f"C{j}", ls="",
+                        label=f"{name} / ring, {workload}", mfc="none" if name != "torus" else None)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xticks(range(len(results)), labels, fontsize=8)
+    ax.set_ylabel("all-reduce time, torus / flat ring")
+    ax.set_title("emulated clusters: torus against the ring, and the limit set by bytes",
+                 fontsize=10)
+    ax.legend(fontsize=7, loc="upper left")
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    path = os.path.join(out_dir, "emulated_sweep.png")
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
 
 
 def plots(rows: List[Dict[str, str]], out_dir: str, title: str, link_gbit: float) -> List[str]:
@@ -276,31 +348,85 @@ def plots(rows: List[Dict[str, str]], out_dir: str, title: str, link_gbit: float
 # Main
 # ==================================================================================================
 
+def topology(text: str):
+    match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"not HOSTSxRANKS: {text!r} (e.g. 2x4)")
+    return int(match.group(1)), int(match.group(2))
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--hosts", type=int, default=4)
-    p.add_argument("--ranks-per-host", type=int, default=2)
-    p.add_argument("--link-gbit", type=float, default=1.0, help="each host's link, Gbit/s")
+    p.add_argument("--hosts", type=int, default=2)
+    p.add_argument("--ranks-per-host", type=int, default=4)
+    p.add_argument("--sweep", nargs="+", type=topology, metavar="HxR",
+                   help="clusters to run one after the other (hosts x ranks per host), "
+                        "instead of --hosts / --ranks-per-host")
+    p.add_argument("--link-gbit", type=float, nargs="+", default=[0.25],
+                   help="each host's link, Gbit/s; several: one cluster each")
     p.add_argument("--grid", default=None, help="YxX (default: hosts x ranks-per-host)")
     p.add_argument("--engines", nargs="+", choices=("horovod", "tf"), default=["horovod", "tf"])
     p.add_argument("--sizes", nargs="*", type=bench.parse_size,
-                   default=[bench.parse_size(s) for s in ("4K", "64K", "1M", "4M", "16M", "64M",
-                                                          "128M")])
+                   default=[bench.parse_size(s) for s in ("1M", "16M", "64M")])
     p.add_argument("--resnet", nargs="*", choices=("fp32", "fp16"), default=["fp32"])
     p.add_argument("--variants", nargs="*",
-                   default=["hvd", "torus", "ring", "hierarchical", "torus-tf", "reduce-scatter "
-                            "(alltoall)", "column all-reduce", "row all-gather"],
+                   default=["hvd", "torus", "ring", "hierarchical", "torus-tf",
+                            "torus-tf-nochunks", "reduce-scatter (alltoall)",
+                            "column all-reduce", "row all-gather"],
                    help="variants and torus phases to time (hvd is always timed)")
+    p.add_argument("--chunks", type=int, default=4, help="chunks of the torus-chunks<K> variant")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--out", default=DEFAULT_OUT, help="CSV, log and plots (default %(default)s)")
     p.add_argument("--timeout", type=float, default=2400, help="seconds before every rank is killed")
     args = p.parse_args(argv)
-    if args.hosts < 2 or args.ranks_per_host < 1 or args.link_gbit <= 0:
-        p.error("need --hosts >= 2, --ranks-per-host >= 1 and --link-gbit > 0")
-    if args.hosts > 250:
-        p.error("at most 250 hosts (one /24 subnet)")
+    args.clusters = [(h, r, g) for h, r in (args.sweep or [(args.hosts, args.ranks_per_host)])
+                     for g in args.link_gbit]
+    for hosts, rph, gbit in args.clusters:
+        if hosts < 2 or rph < 1 or gbit <= 0:
+            p.error(f"{hosts}x{rph} at {gbit:g} Gbit/s: need at least 2 hosts, 1 rank per host "
+                    f"and a link above 0 Gbit/s")
+        if hosts > 250:
+            p.error("at most 250 hosts (one /24 subnet)")
+    if args.grid and len(args.clusters) > 1:
+        p.error("--grid applies to one cluster; leave it out with --sweep or several --link-gbit")
     return args
+
+
+def run_cluster(args, hosts: int, rph: int, gbit: float, out: str) -> List[Dict[str, str]]:
+    """Build one emulated cluster, run the benchmark across it, print its table; its CSV rows."""
+    size = hosts * rph
+    grid = args.grid or f"{hosts}x{rph}"
+    os.makedirs(out, exist_ok=True)
+    csv_path = os.path.join(out, "allreduce.csv")
+    if os.path.exists(csv_path):
+        os.remove(csv_path)  # one run per CSV: the ratios and plots are of this run
+    shapes_file = os.path.join(out, "resnet50_shapes.json")
+    if args.resnet and not os.path.exists(shapes_file):
+        import json
+        with open(shapes_file, "w") as f:
+            json.dump(bench.resnet50_shapes(), f)
+    bench_args = bench.parse_args(
+        ["--np", str(size), "--grids", f"{size}={grid}", "--engines", *args.engines,
+         "--repeats", str(args.repeats), "--warmup", str(args.warmup), "--csv", csv_path,
+         "--tag", "emulated", "--sizes", *[str(b) for b in args.sizes],
+         "--resnet", *args.resnet, "--variants", *args.variants, "--chunks", str(args.chunks),
+         "--meta", f"hosts={hosts}", f"ranks_per_host={rph}", f"link_gbit={gbit:g}"])
+    title = f"{hosts} hosts x {rph} ranks, {gbit:g} Gbit/s host links, grid {grid}"
+    print(f"emulated cluster: {title}; CSV {csv_path}", flush=True)
+    start = time.time()
+    with Cluster(hosts, gbit):
+        rc = launch(args, hosts, rph, bench.worker_argv(bench_args, size, shapes_file),
+                    os.path.join(out, "ranks.log"))
+    if rc or not os.path.exists(csv_path):
+        return []
+    rows = read_rows(csv_path)
+    print(f"\n== {title}: medians and ratios (below 1: the torus is faster) ==")
+    print(ratio_table(rows, byte_limit(hosts, rph)))
+    for path in plots(rows, out, title, gbit):
+        print(f"plot: {path}")
+    print(f"CSV: {csv_path}  ({time.time() - start:.0f} s)")
+    return rows
 
 
 def main(argv=None) -> int:
@@ -310,40 +436,22 @@ def main(argv=None) -> int:
         print(f"emulated cluster skipped: {reason}. Run as root on Linux with iproute2.",
               file=sys.stderr)
         return SKIPPED
-    size = args.hosts * args.ranks_per_host
-    grid = args.grid or f"{args.hosts}x{args.ranks_per_host}"
-    os.makedirs(args.out, exist_ok=True)
-    csv_path = os.path.join(args.out, "allreduce.csv")
-    if os.path.exists(csv_path):
-        os.remove(csv_path)  # one run per CSV: the ratios and plots are of this run
-    shapes_file = os.path.join(args.out, "resnet50_shapes.json")
-    if args.resnet and not os.path.exists(shapes_file):
-        import json
-        with open(shapes_file, "w") as f:
-            json.dump(bench.resnet50_shapes(), f)
-    bench_args = bench.parse_args(
-        ["--np", str(size), "--grids", f"{size}={grid}", "--engines", *args.engines,
-         "--repeats", str(args.repeats), "--warmup", str(args.warmup), "--csv", csv_path,
-         "--tag", "emulated", "--sizes", *[str(b) for b in args.sizes],
-         "--resnet", *args.resnet, "--variants", *args.variants,
-         "--meta", f"hosts={args.hosts}", f"ranks_per_host={args.ranks_per_host}",
-         f"link_gbit={args.link_gbit:g}"])
-    title = (f"{args.hosts} hosts x {args.ranks_per_host} ranks, {args.link_gbit:g} Gbit/s host "
-             f"links, grid {grid}")
-    print(f"emulated cluster: {title}; CSV {csv_path}", flush=True)
-    start = time.time()
-    with Cluster(args.hosts, args.link_gbit):
-        rc = launch(args, bench.worker_argv(bench_args, size, shapes_file),
-                    os.path.join(args.out, "ranks.log"))
-    if rc or not os.path.exists(csv_path):
-        return rc or 1
-    rows = read_rows(csv_path)
-    print(f"\n== {title}: medians and ratios (below 1: the torus is faster) ==")
-    print(ratio_table(rows))
-    for path in plots(rows, args.out, title, args.link_gbit):
-        print(f"plot: {path}")
-    print(f"CSV: {csv_path}  ({time.time() - start:.0f} s)")
-    return 0
+    results, failed = [], []
+    for hosts, rph, gbit in args.clusters:
+        out = (args.out if len(args.clusters) == 1 else
+               os.path.join(args.out, f"{hosts}x{rph}_{gbit:g}gbit"))
+        rows = run_cluster(args, hosts, rph, gbit, out)
+        if rows:
+            results.append((hosts, rph, gbit, rows))
+        else:
+            failed.append(f"{hosts}x{rph} at {gbit:g} Gbit/s")
+    if len(args.clusters) > 1 and results:
+        print("\n== every cluster: torus / ring, measured, beside the byte limit ==")
+        print(sweep_table(results))
+        print(f"plot: {sweep_plot(results, args.out)}")
+    if failed:
+        print(f"failed: {', '.join(failed)} (see ranks.log in their folders)", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

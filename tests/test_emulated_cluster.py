@@ -1,5 +1,7 @@
 """The emulated cluster (studies/emulated_cluster.py): its links are really rate-limited,
-Horovod runs across its namespaces, and nothing is left behind. Needs root; skipped otherwise."""
+Horovod runs across its namespaces, every algorithm sums correctly across the hosts, and nothing
+is left behind. Needs root; skipped otherwise."""
+import csv
 import os
 import subprocess
 import sys
@@ -36,6 +38,19 @@ def leftovers():
             + [l for l in links.splitlines() if ec.BRIDGE in l or "tftv" in l])
 
 
+class ByteLimitTest(unittest.TestCase):
+
+    def test_the_limits_of_the_issue_table(self):
+        for hosts, rph, limit in ((2, 2, 0.667), (2, 4, 0.571), (4, 2, 0.857), (4, 4, 0.8)):
+            self.assertAlmostEqual(ec.byte_limit(hosts, rph), limit, places=3)
+
+    def test_sweep_arguments(self):
+        args = ec.parse_args(["--sweep", "2x2", "2x4", "--link-gbit", "0.25", "1"])
+        self.assertEqual(args.clusters, [(2, 2, 0.25), (2, 2, 1.0), (2, 4, 0.25), (2, 4, 1.0)])
+        with self.assertRaises(SystemExit):
+            ec.parse_args(["--sweep", "1x4"])  # one host is no cluster
+
+
 @unittest.skipIf(REASON, f"emulated cluster not possible here: {REASON}")
 class EmulatedClusterTest(unittest.TestCase):
 
@@ -66,11 +81,19 @@ class EmulatedClusterTest(unittest.TestCase):
              "--repeats", "2", "--out", out, "--timeout", "240"],
             capture_output=True, text=True, timeout=300, cwd=harness.ROOT)
         self.assertEqual(result.returncode, 0, result.stdout[-3000:] + result.stderr[-3000:])
-        self.assertRegex(result.stdout, r"\| flat 64 KiB \|( [\d.]+ \|){4}( [\d.]+ \|){3}")
-        with open(os.path.join(out, "allreduce.csv")) as f:
-            header = f.readline().strip().split(",")
-        for column in ("hosts", "ranks_per_host", "link_gbit", "bytes", "median_ms"):
-            self.assertIn(column, header)
+        # 4 medians, the byte limit (0.667 at 2 x 2), torus / ring, / hierarchical, / hvd
+        self.assertRegex(result.stdout, r"\| flat 64 KiB \|( [\d.]+ \|){4} 0\.667 \|"
+                                        r"( [\d.]+ \|){3}")
+        with open(os.path.join(out, "allreduce.csv"), newline="") as f:
+            rows = list(csv.DictReader(f))
+        for column in ("hosts", "ranks_per_host", "link_gbit", "bytes", "median_ms", "max_err"):
+            self.assertIn(column, rows[0])
+        # the sums, not only the times: each variant against hvd.allreduce on the same inputs
+        variants = {(r["workload"], r["name"]): float(r["max_err"]) for r in rows
+                    if r["kind"] == "variant" and r["name"] != "hvd"}
+        self.assertEqual({name for _, name in variants}, {"torus", "ring", "hierarchical"})
+        for (workload, name), err in variants.items():
+            self.assertLess(err, 1e-5, f"{name} on {workload}: relative error {err}")
         self.assertEqual(leftovers(), [])
         print(f"\nemulated 2 x 2 benchmark: {time.monotonic() - start:.0f} s")
 

@@ -8,8 +8,15 @@ sum over the world. They differ in which groups carry which bytes:
   ring          one all-reduce over the whole world (Horovod's flat all-reduce): 2(N-1) steps.
   hierarchical  all-reduce inside a node (row, X = ranks per node), then all-reduce of the
                 *whole* buffer across nodes (column): the middle step moves X times the torus'.
+
+Pipelining (torus only). The three phases of one buffer run one after the other, so while the
+column phase is on the network the row links sit idle and the other way round. Cut into K
+chunks, chunk k+1's row reduce-scatter (and chunk k-1's all-gather) can run while chunk k's
+column all-reduce crosses the hosts, on engines whose collectives of different groups run at
+the same time (`Communicator.concurrent_groups`). Each chunk is reduced by the same members as
+without chunks; see `pipeline_chunks` for when the chunks pay.
 """
-from typing import Callable, Dict
+from typing import Callable, Dict, Optional
 
 import tensorflow as tf
 
@@ -17,11 +24,34 @@ from tftorus.communicator import Communicator
 from tftorus.grid import TorusGrid
 
 
-def torus_allreduce(comm: Communicator, grid: TorusGrid, flat: tf.Tensor) -> tf.Tensor:
+#: A chunk smaller than this is not worth its own three collectives (each pays a fixed cost,
+#: about 10 ms on Horovod/Gloo and the tf engine here), and more chunks than this gain little:
+#: the pipeline's fill and drain are one chunk's row phases.
+MIN_CHUNK_BYTES = 8 << 20
+MAX_CHUNKS = 4
+
+
+def torus_allreduce(comm: Communicator, grid: TorusGrid, flat: tf.Tensor,
+                    chunks: int = 1) -> tf.Tensor:
+    """The 2D torus on a buffer whose length is a multiple of `chunks * grid.x`."""
     row, col = grid.row_group(comm.rank), grid.col_group(comm.rank)
-    shard = comm.reduce_scatter(flat, row)  # step 1: horizontal
-    shard = comm.all_reduce(shard, col)  # step 2: vertical, on 1/X of the buffer
-    return comm.all_gather(shard, row, equal_sizes=True)  # step 3: horizontal
+    if chunks == 1:
+        shard = comm.reduce_scatter(flat, row)  # step 1: horizontal
+        shard = comm.all_reduce(shard, col)  # step 2: vertical, on 1/X of the buffer
+        return comm.all_gather(shard, row, equal_sizes=True)  # step 3: horizontal
+    parts = tf.split(flat, chunks)
+    scattered, reduced, gathered = [None] * chunks, [None] * chunks, [None] * chunks
+    # Issued in pipeline order, which is the order engines with per-group ordering run a
+    # group's collectives in: the row runs RS(k), AG(k-2), RS(k+1), ... while the column
+    # runs AR(k-1), AR(k), ...
+    for step in range(chunks + 2):
+        if step < chunks:
+            scattered[step] = comm.reduce_scatter(parts[step], row)
+        if 0 <= step - 1 < chunks:
+            reduced[step - 1] = comm.all_reduce(scattered[step - 1], col)
+        if 0 <= step - 2 < chunks:
+            gathered[step - 2] = comm.all_gather(reduced[step - 2], row, equal_sizes=True)
+    return tf.concat(gathered, axis=0)
 
 
 def ring_allreduce(comm: Communicator, grid: TorusGrid, flat: tf.Tensor) -> tf.Tensor:
@@ -47,6 +77,32 @@ def check_algorithm(name: str) -> str:
     return name
 
 
-def alignment(name: str, grid: TorusGrid) -> int:
-    """Buffers are padded to a multiple of this so every row member's shard is equal."""
-    return grid.x if name == "torus" else 1
+def pipeline_chunks(name: str, grid: TorusGrid, comm: Communicator, nbytes: int,
+                    requested: Optional[int] = None) -> int:
+    """How many chunks the torus cuts a buffer of `nbytes` into (1: no pipelining).
+
+    `requested` (TorusOptions.pipeline_chunks) wins when given. Otherwise chunks only where
+    they can overlap something: a torus with both a row and a column phase, spanning more than
+    one host (on one host all phases share the same memory and cores), on an engine that runs
+    collectives of different groups at the same time; then one chunk per MIN_CHUNK_BYTES, at
+    most MAX_CHUNKS.
+    """
+    if name != "torus":
+        return 1
+    if requested is not None:
+        return requested
+    if grid.x == 1 or grid.y == 1 or comm.local_size >= comm.size or not comm.concurrent_groups:
+        return 1
+    return int(max(1, min(MAX_CHUNKS, nbytes // MIN_CHUNK_BYTES)))
+
+
+def check_chunks(chunks) -> None:
+    if chunks is not None and (not isinstance(chunks, int) or isinstance(chunks, bool)
+                               or chunks < 1):
+        raise ValueError(f"pipeline_chunks must be None (chosen by buffer size and engine) or a "
+                         f"whole number >= 1 (1: no pipelining), got {chunks!r}")
+
+
+def alignment(name: str, grid: TorusGrid, chunks: int = 1) -> int:
+    """Buffers are padded to a multiple of this so every chunk's row shards are equal."""
+    return grid.x * chunks if name == "torus" else 1

@@ -18,6 +18,9 @@ class Communicator(abc.ABC):
 
     #: short name used in benchmarks, logs and errors
     engine = "abstract"
+    #: Whether collectives of different groups (a row's and a column's) can be in flight at the
+    #: same time in one process: what the torus' chunk pipeline needs to overlap its phases.
+    concurrent_groups = False
 
     @property
     @abc.abstractmethod

@@ -28,6 +28,10 @@ class ProcessSetError(RuntimeError):
 
 class HorovodCommunicator(Communicator):
     engine = "horovod"
+    # Horovod runs every collective of every process set in turn on its one background thread
+    # (RunLoopOnce performs each response of each set before the next), so a row's and a
+    # column's collectives never overlap: the torus' chunk pipeline has nothing to gain here.
+    concurrent_groups = False
 
     def __init__(self, process_sets: Iterable["hvd.ProcessSet"] = (),
                  reduce_scatter_impl: str = "alltoall"):

@@ -82,6 +82,9 @@ def DistributedOptimizer(optimizer, *args, **kwargs):
         so a rank with different gradients raises instead of hanging.
       engine: 'horovod' (process sets) or 'tf' (TensorFlow's collective ops); None: the engine
         tftorus.init() started.
+      pipeline_chunks: chunks per fused buffer, so one chunk's row phase overlaps another's
+        column phase; None: chosen by buffer size and engine (off on one host and on Horovod,
+        which runs its collectives one at a time); 1: off. Same result bit for bit.
     """
     check_optimizer(optimizer)
     return over_the_torus(hvd_keras.DistributedOptimizer, optimizer, args, kwargs)

@@ -37,6 +37,7 @@ class TorusOptions:
     fusion_threshold_bytes: int = fusion.DEFAULT_THRESHOLD_BYTES
     check_consistency: bool = True  # one tiny all-reduce per step: mismatched ranks fail, not hang
     engine: Optional[str] = None  # 'horovod' or 'tf'; None: the engine tftorus.init() started
+    pipeline_chunks: Optional[int] = None  # torus chunks per buffer; None: by size and engine
 
     @classmethod
     def pop_from(cls, kwargs: dict) -> "TorusOptions":
@@ -52,6 +53,7 @@ class TorusOptions:
 
     def __post_init__(self):
         algorithms.check_algorithm(self.algorithm)
+        algorithms.check_chunks(self.pipeline_chunks)
         context.check_engine_name(self.engine)
         if not isinstance(self.fusion_threshold_bytes, int) or self.fusion_threshold_bytes < 0:
             raise ValueError(f"fusion_threshold_bytes must be a whole number >= 0, "
@@ -123,6 +125,7 @@ def fused_allreduce(tensors: Sequence[tf.Tensor], op="sum", *, algorithm: str = 
                     prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                     fusion_threshold_bytes: int = fusion.DEFAULT_THRESHOLD_BYTES,
                     check_consistency: bool = True, engine: Optional[str] = None,
+                    pipeline_chunks: Optional[int] = None,
                     comm: Optional[Communicator] = None,
                     torus_grid: Optional[TorusGrid] = None) -> List[tf.Tensor]:
     """All-reduce dense tensors over every rank; returns them in order and shape.
@@ -130,9 +133,13 @@ def fused_allreduce(tensors: Sequence[tf.Tensor], op="sum", *, algorithm: str = 
     op: 'sum' or 'average' (or hvd.Sum / hvd.Average). Average divides by the world size after
     the sum (and after `postscale_factor`); for integers it truncates toward zero, as Horovod.
     engine: 'horovod' or 'tf' (None: the one tftorus.init() started).
+    pipeline_chunks: chunks per fused buffer for the torus' phase pipeline (None: chosen by
+    buffer size and engine, see algorithms.pipeline_chunks; 1: off). The result is the same
+    bit for bit whatever the chunks.
     """
     op = op_name(op)
     algorithms.check_algorithm(algorithm)
+    algorithms.check_chunks(pipeline_chunks)
     check_compression(compression)
     comm = comm or context.communicator(engine)
     torus_grid = torus_grid or context.grid_for(algorithm, grid, engine)
@@ -149,7 +156,6 @@ def fused_allreduce(tensors: Sequence[tf.Tensor], op="sum", *, algorithm: str = 
         wire.append(w)
         ctxs.append(ctx)
     buckets = fusion.plan_buckets(wire, fusion_threshold_bytes)
-    align = algorithms.alignment(algorithm, torus_grid)
     reduce = algorithms.ALGORITHMS[algorithm]
     checks = []
     if check_consistency and comm.size > 1:
@@ -162,7 +168,12 @@ def fused_allreduce(tensors: Sequence[tf.Tensor], op="sum", *, algorithm: str = 
             if bucket.length == 0:  # nothing to send: every rank agrees (checked above)
                 pieces = [tf.reshape(wire[i], s) for i, s in zip(bucket.indices, bucket.shapes)]
             else:
-                flat = reduce(comm, torus_grid, fusion.pack(wire, bucket, align))
+                chunks = algorithms.pipeline_chunks(algorithm, torus_grid, comm, bucket.nbytes,
+                                                    pipeline_chunks)
+                packed = fusion.pack(wire, bucket, algorithms.alignment(algorithm, torus_grid,
+                                                                        chunks))
+                flat = (reduce(comm, torus_grid, packed) if chunks == 1 else
+                        algorithms.torus_allreduce(comm, torus_grid, packed, chunks))
                 pieces = fusion.unpack(flat, bucket)
             for i, piece in zip(bucket.indices, pieces):
                 out[i] = _finish(compression.decompress(piece, ctxs[i]), postscale_factor,
@@ -229,7 +240,8 @@ def make_allreduce_grads_fn(name: str, compression, sparse_as_dense: bool, op,
             dense, "sum", algorithm=options.algorithm, compression=compression,
             prescale_factor=pre, postscale_factor=post,
             fusion_threshold_bytes=options.fusion_threshold_bytes,
-            check_consistency=options.check_consistency, comm=comm, torus_grid=torus_grid)
+            check_consistency=options.check_consistency,
+            pipeline_chunks=options.pipeline_chunks, comm=comm, torus_grid=torus_grid)
 
     def reduce_sparse(grad: tf.IndexedSlices):
         # As Horovod does: gather every rank's rows; duplicates are summed when applied.
@@ -264,7 +276,8 @@ def gradient_reducer(op=hvd.Average, compression=Compression.none, *,
     For custom training steps that accumulate or scale gradients themselves before one
     all-reduce per optimizer step (the trainer in official_resnet does). Same semantics as the
     reduction inside DistributedOptimizer; `torus`: TorusOptions' fields by name (algorithm=,
-    grid=, fusion_threshold_bytes=, check_consistency=, engine=) or torus_options=.
+    grid=, fusion_threshold_bytes=, check_consistency=, engine=, pipeline_chunks=) or
+    torus_options=.
     """
     options = TorusOptions.pop_from(torus)
     if torus:

@@ -128,6 +128,9 @@ def translate_errors(timeout: Optional[float] = None):
 
 class TFCollectiveCommunicator(Communicator):
     engine = "tf"
+    # Each group's collectives are ordered by its own token; those of different groups are
+    # independent ops that TF's executor runs at the same time.
+    concurrent_groups = True
 
     def __init__(self, cluster: Cluster, groups: Iterable[Sequence[int]] = (),
                  reduce_scatter_impl: str = "auto", timeout: Optional[float] = None,

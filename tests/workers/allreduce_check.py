@@ -3,15 +3,20 @@
 Run under `horovodrun --gloo -np N` (or as one process). Each rank checks every case, prints
 one line per failure, and exits 1 if any failed; the last line counts the checks.
 References: `hvd.allreduce` where Horovod takes the dtype, and always an exact float64 sum of
-every rank's input gathered with `hvd.allgather`.
+every rank's input gathered with `hvd.allgather`. Also: the torus' chunk pipeline equals no
+chunks bit for bit, and FP16/BF16 compression puts 16-bit tensors on the wire
+(tests/workers/pipeline_and_wire.py). `--light` (wide worlds): only the grids with both a row
+and a column phase, and four dtypes.
 """
+import argparse
 import os
 
 import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
-import report  # noqa: E402  (tests/workers, the script's own folder)
+import pipeline_and_wire  # noqa: E402  (tests/workers, the script's own folder)
+import report  # noqa: E402
 import tftorus
 from tftorus.grid import divisors
 
@@ -76,13 +81,20 @@ def check_case(label, inputs, wire_dtype, integer_valued, **kwargs):
 
 
 def main():
+    global checks
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--light", action="store_true", help="fewer grids and dtypes")
+    light = parser.parse_args().light
     n = int(os.environ.get("HOROVOD_SIZE", "1"))  # the grids must be known before init
     grids = [f"{n // x}x{x}" for x in divisors(n)]
     tftorus.init(grid=grids[0], extra_grids=grids[1:])
     rank = hvd.rank()
-    cases = [("torus", g) for g in grids] + [("ring", None), ("hierarchical", None)]
+    two_phase = pipeline_and_wire.two_phase_grids(grids, n)
+    cases = [("torus", g) for g in (two_phase if light else grids)]
+    cases += [("ring", None), ("hierarchical", None)]
+    dtypes = [tf.float32, tf.float64, tf.float16, tf.int32] if light else DTYPES
     for algorithm, grid in cases:
-        for dtype in DTYPES:
+        for dtype in dtypes:
             for integer_valued in ([True, False] if dtype.is_floating else [True]):
                 inputs = make_inputs(dtype, integer_valued, seed=100 * rank + DTYPES.index(dtype))
                 label = f"{algorithm} {grid or ''} {dtype.name} {'int-valued' if integer_valued else 'random'}"
@@ -96,6 +108,13 @@ def main():
                                grid=grid, fusion_threshold_bytes=0)
                     check_case(f"{label} 64B-buckets", inputs, dtype, False,
                                algorithm=algorithm, grid=grid, fusion_threshold_bytes=64)
+    # The chunk pipeline: bit for bit the same as none, eagerly and in a tf.function.
+    for k, grid in enumerate(two_phase):
+        inputs = make_inputs(tf.float32, False, seed=100 * rank + 50 + k)
+        checks += pipeline_and_wire.check_chunks("chunks float32", inputs, grid, failures)
+        checks += pipeline_and_wire.check_chunks("chunks fp16-wire", inputs, grid, failures,
+                                                 tftorus.Compression.fp16, in_function=True)
+    checks += pipeline_and_wire.check_wire(two_phase[0] if two_phase else None, rank, failures)
     # Average, as Horovod defines it (integers truncate).
     for dtype in (tf.float32, tf.int32):
         t = tf.cast(tf.range(-7, 8) * (rank + 1), dtype)

@@ -13,7 +13,9 @@ Checks, on every row and column of every grid Y x X of N and on the world:
     FP16 tensors and FP16 wire compression, odd sizes, sizes below X, scalars and empty;
   * the same inside tf.function, called again, retraced with other shapes, and retraced on
     odd ranks only (instance keys must not depend on tracing history);
-  * gradient_reducer (Average) as a custom training loop uses it.
+  * gradient_reducer (Average) as a custom training loop uses it;
+  * the torus' chunk pipeline equals no chunks bit for bit, and FP16/BF16 compression puts
+    16-bit tensors on the wire (tests/workers/pipeline_and_wire.py).
 Prints one line per failure and "N checks, M failed"; exits 1 on any failure.
 """
 import argparse
@@ -36,7 +38,8 @@ tftorus.init(grid=GRIDS[len(GRIDS) // 2], extra_grids=GRIDS, engine="tf",
              collective_timeout=opts.timeout)
 
 import tensorflow as tf  # noqa: E402
-import report  # noqa: E402  (tests/workers)
+import pipeline_and_wire  # noqa: E402  (tests/workers)
+import report  # noqa: E402
 
 comm = context.communicator()
 RANK, N = comm.rank, comm.size
@@ -165,6 +168,7 @@ def check_split_messages():
 
 
 def main():
+    global checks
     order_differs = [g for g in groups() if comm.tf_order(g) != g]
     print(f"[rank {RANK}] TF member order differs from rank order in {len(order_differs)} of "
           f"my groups {order_differs[:3]}", flush=True)
@@ -182,6 +186,13 @@ def main():
         check_fused(f"{label} float32 64B-buckets", 400 + k, tf.float32, algorithm=algorithm,
                     grid=grid, fusion_threshold_bytes=64)
     check_split_messages()
+    two_phase = pipeline_and_wire.two_phase_grids(GRIDS, N)
+    for k, grid in enumerate(two_phase[:1] if opts.light else two_phase):
+        inputs = [data(RANK, 900 + k, s, tf.float32) for s in SHAPES]
+        checks += pipeline_and_wire.check_chunks("chunks float32", inputs, grid, failures)
+        checks += pipeline_and_wire.check_chunks("chunks fp16-wire", inputs, grid, failures,
+                                                 tftorus.Compression.fp16, in_function=True)
+    checks += pipeline_and_wire.check_wire(two_phase[0] if two_phase else None, RANK, failures)
     # Inside tf.function: twice (keys reused), then retraced with other shapes (keys rederived).
     step = tf.function(lambda ts: tftorus.fused_allreduce(ts, "sum"))
     for call, (seed, shapes) in enumerate([(500, SHAPES), (501, SHAPES), (502, [(4,), (9, 2)])]):

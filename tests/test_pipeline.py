@@ -1,0 +1,80 @@
+"""When the torus cuts a buffer into chunks, and how a wrong setting is refused.
+
+That the chunks change no bit of the result is checked on real jobs of both engines
+(tests/workers/pipeline_and_wire.py, from test_allreduce_multiprocess and test_tf_engine).
+"""
+import tensorflow as tf
+
+import tftorus
+from tftorus import algorithms
+from tftorus.communicator import Communicator
+from tftorus.grid import parse_grid
+
+MIB = 1 << 20
+
+
+class FakeWorld(Communicator):
+    """Only the shape of a world (rank, size, hosts) and whether groups overlap: the policy
+    reads nothing else, and runs no collective."""
+
+    def __init__(self, size, local_size, concurrent=True):
+        self._size, self._local = size, local_size
+        self.concurrent_groups = concurrent
+
+    rank = property(lambda self: 0)
+    size = property(lambda self: self._size)
+    local_size = property(lambda self: self._local)
+
+    def _reduce_scatter(self, tensor, group):
+        raise AssertionError("the policy must not communicate")
+
+    _all_reduce = _all_gather = _reduce_scatter
+
+
+class ChunkPolicyTest(tf.test.TestCase):
+
+    def chunks(self, grid, size, local, nbytes, concurrent=True, requested=None,
+               algorithm="torus"):
+        return algorithms.pipeline_chunks(algorithm, parse_grid(grid, size),
+                                          FakeWorld(size, local, concurrent), nbytes, requested)
+
+    def test_one_chunk_per_min_chunk_bytes_up_to_the_maximum(self):
+        self.assertEqual(self.chunks("2x2", 4, 2, 4 * MIB), 1)
+        self.assertEqual(self.chunks("2x2", 4, 2, 16 * MIB), 2)
+        self.assertEqual(self.chunks("2x4", 8, 4, 64 * MIB), algorithms.MAX_CHUNKS)
+        self.assertEqual(self.chunks("2x4", 8, 4, 1 << 30), algorithms.MAX_CHUNKS)
+
+    def test_off_where_nothing_can_overlap(self):
+        self.assertEqual(self.chunks("2x2", 4, 4, 64 * MIB), 1)  # one host
+        self.assertEqual(self.chunks("1x4", 4, 2, 64 * MIB), 1)  # no column phase
+        self.assertEqual(self.chunks("4x1", 4, 1, 64 * MIB), 1)  # no row phase
+        self.assertEqual(self.chunks("2x2", 4, 2, 64 * MIB, concurrent=False), 1)  # Horovod
+        self.assertEqual(self.chunks("2x2", 4, 2, 64 * MIB, algorithm="ring"), 1)
+        self.assertEqual(self.chunks("2x2", 4, 2, 64 * MIB, algorithm="hierarchical"), 1)
+
+    def test_a_requested_count_wins(self):
+        self.assertEqual(self.chunks("2x2", 4, 4, 1024, requested=3), 3)
+        self.assertEqual(self.chunks("2x2", 4, 2, 64 * MIB, requested=1), 1)
+
+    def test_padding_makes_every_chunk_split_evenly_over_the_row(self):
+        grid = parse_grid("3x4", 12)
+        self.assertEqual(algorithms.alignment("torus", grid, 3), 12)
+        self.assertEqual(algorithms.alignment("ring", grid, 3), 1)
+
+    def test_the_engines_say_whether_groups_overlap(self):
+        from tftorus.horovod_engine import HorovodCommunicator
+        from tftorus.tf_collective_engine import TFCollectiveCommunicator
+        self.assertFalse(HorovodCommunicator.concurrent_groups)
+        self.assertTrue(TFCollectiveCommunicator.concurrent_groups)
+
+    def test_bad_chunk_counts_say_what_to_give(self):
+        for bad in (0, -2, 2.5, "4", True):
+            with self.assertRaisesRegex(ValueError, "pipeline_chunks must be None .* or a whole "
+                                                    "number >= 1"):
+                tftorus.TorusOptions(pipeline_chunks=bad)
+        with self.assertRaisesRegex(ValueError, "pipeline_chunks must be"):
+            tftorus.fused_allreduce([tf.ones([4])], pipeline_chunks=0)
+
+
+if __name__ == "__main__":
+    tf.test.main()
