@@ -20,6 +20,7 @@ from typing import NamedTuple, Optional
 
 from absl import app
 from absl import flags as absl_flags
+from absl import logging as absl_logging
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -197,8 +198,7 @@ def start_world(config) -> World:
     # Heartbeats beside the collectives: a dead or stalled worker stops every worker with an
     # error naming it (a collective: every rank starts it here).
     watchdog.start(config.heartbeat_timeout, config.stall_timeout)
-    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
-                        format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    absl_logging.set_verbosity(absl_logging.INFO if rank == 0 else absl_logging.WARNING)
     return World(rank=rank, size=size,
                  allreduce_sum=tftorus.world.allreduce_sum if size > 1 else None)
 
@@ -414,6 +414,10 @@ def progress_setup(state: RunState, keras_epoch: int) -> None:
 
 def main(argv):
     del argv
+    # absl (app.run) owns the log handler: a short format, so the log reads
+    # "21:29:06 epoch 1.00 | ..." rather than absl's thread id and source line.
+    absl_logging.get_absl_handler().setFormatter(
+        logging.Formatter("%(asctime)s %(message)s", datefmt="%H:%M:%S"))
     config = resolve(FLAGS)
     experiment = get_experiment(config.exp)
     if config.batch_schedule:

@@ -2,7 +2,10 @@
 
 For each world size every grid Y x X with Y * X = N is tried (at N = 6: 6x1, 3x2, 2x3, 1x6;
 at N = 8: 8x1, 4x2, 2x4, 1x8), over six dtypes, odd and multi-dim shapes, scalars, empty
-tensors, sizes smaller than the row, FP16/BF16 wire compression and several fusion thresholds.
+tensors, sizes smaller than the row, FP16/BF16 wire compression and several fusion thresholds;
+the chunk pipeline against no chunks, bit for bit; the dtypes 16-bit compression hands to the
+collectives. N = 9 (3 x 3) and 12 (4 x 3, 3 x 4, 6 x 2, 2 x 6) check the grids with both a row
+and a column phase, on four dtypes (--light).
 """
 import tensorflow as tf
 
@@ -11,8 +14,9 @@ from tests import harness
 
 class AllreduceMultiprocessTest(tf.test.TestCase):
 
-    def check_world(self, np_):
-        result = harness.run([harness.worker("allreduce_check.py")], np=np_, timeout=420)
+    def check_world(self, np_, *extra):
+        result = harness.run([harness.worker("allreduce_check.py"), *extra], np=np_,
+                             timeout=600)
         self.assertEqual(result.returncode, 0, harness.describe(result))
         self.assertIn("0 failed", result.output)
         self.assertNotIn("MISMATCH", result.output)
@@ -34,6 +38,12 @@ class AllreduceMultiprocessTest(tf.test.TestCase):
 
     def test_eight_ranks(self):
         self.check_world(8)
+
+    def test_nine_ranks_three_by_three(self):
+        self.check_world(9, "--light")
+
+    def test_twelve_ranks(self):
+        self.check_world(12, "--light")
 
 
 if __name__ == "__main__":

@@ -84,7 +84,7 @@ def DistributedOptimizer(optimizer, *args, **kwargs):
         tftorus.init() started.
       pipeline_chunks: chunks per fused buffer, so one chunk's row phase overlaps another's
         column phase; None: chosen by buffer size and engine (off on one host and on Horovod,
-        which runs its collectives one at a time); 1: off. Same result bit for bit.
+        which runs its collectives one at a time); 1: off.
     """
     check_optimizer(optimizer)
     return over_the_torus(hvd_keras.DistributedOptimizer, optimizer, args, kwargs)

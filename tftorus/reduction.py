@@ -134,8 +134,8 @@ def fused_allreduce(tensors: Sequence[tf.Tensor], op="sum", *, algorithm: str = 
     the sum (and after `postscale_factor`); for integers it truncates toward zero, as Horovod.
     engine: 'horovod' or 'tf' (None: the one tftorus.init() started).
     pipeline_chunks: chunks per fused buffer for the torus' phase pipeline (None: chosen by
-    buffer size and engine, see algorithms.pipeline_chunks; 1: off). The result is the same
-    bit for bit whatever the chunks.
+    buffer size and engine, see algorithms.pipeline_chunks; 1: off). Each element is summed by
+    the same ranks either way; see algorithms.py for when the last bit can differ.
     """
     op = op_name(op)
     algorithms.check_algorithm(algorithm)

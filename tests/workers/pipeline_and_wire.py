@@ -1,5 +1,11 @@
-"""Two checks both engine workers make: the torus' chunk pipeline changes no bit of the result,
-and FP16/BF16 wire compression hands 16-bit tensors to the collectives.
+"""Two checks both engine workers make: what the torus' chunk pipeline does to the result, and
+that FP16/BF16 wire compression hands 16-bit tensors to the collectives.
+
+Chunks change no bit where every sum is taken in a fixed order: FP16/BF16 wires (their sums run
+as all-to-all plus an FP32 sum in rank order) and FP32 with columns of at most 2 ranks (a + b ==
+b + a). An FP32 column of 3 or more ranks is summed by the engine's ring, whose order for an
+element depends on where it sits in the buffer, so chunks may change the last bit there: those
+cases are held to FP32 rounding (1e-6 of the tensor's largest value) instead.
 
 The wire check runs the real engine: a subclass of the job's communicator records the dtype and
 element count of every tensor its collectives are given (after the group-of-one shortcut, so
@@ -21,7 +27,11 @@ def two_phase_grids(grids, size):
 
 def check_chunks(label, inputs, grid, failures, compression=tftorus.Compression.none,
                  in_function=False) -> int:
-    """Chunked (2 and 3 chunks) == unchunked, bit for bit. Returns the number of checks."""
+    """Chunked (2 and 3 chunks) against unchunked: bit for bit where the sums' order is fixed
+    (see above), else within FP32 rounding. Returns the number of checks."""
+    comm = context.communicator()
+    fixed_order = (compression is not tftorus.Compression.none
+                   or tftorus.resolve_grid(grid, comm.size).y <= 2)
     def run(chunks):
         def reduce(ts):
             return tftorus.fused_allreduce(ts, "sum", algorithm="torus", grid=grid,
@@ -33,11 +43,17 @@ def check_chunks(label, inputs, grid, failures, compression=tftorus.Compression.
     for chunks in (2, 3):
         for i, (want, got) in enumerate(zip(base, run(chunks))):
             checks += 1
-            if got.shape != want.shape or got.tobytes() != want.tobytes():
-                diff = np.abs(got.astype(np.float64) - want.astype(np.float64)).max() \
-                    if got.shape == want.shape else float("nan")
-                failures.append(f"{label} grid {grid} {chunks} chunks tensor #{i}: not bit-equal "
-                                f"to no chunks (largest difference {diff:.3g})")
+            if got.shape != want.shape:
+                failures.append(f"{label} grid {grid} {chunks} chunks tensor #{i}: shape "
+                                f"{got.shape} != {want.shape}")
+                continue
+            diff = np.abs(got.astype(np.float64) - want.astype(np.float64))
+            # FP32 rounding of sums of a few unit-normal values: relative to the largest
+            bound = 0.0 if fixed_order else 1e-6 * float(np.abs(want).max(initial=1.0))
+            if (got.tobytes() != want.tobytes()) if fixed_order else np.any(diff > bound):
+                failures.append(f"{label} grid {grid} {chunks} chunks tensor #{i}: differs from "
+                                f"no chunks by up to {diff.max():.3g} "
+                                f"({'bit for bit expected' if fixed_order else 'FP32 rounding'})")
     return checks
 
 
@@ -65,7 +81,8 @@ def recording(comm, seen):
 
 def check_wire(grid, rank, failures) -> int:
     """Every data collective of an FP16 / BF16-compressed torus, ring and hierarchical all-reduce
-    of FP32 tensors gets a 16-bit tensor; uncompressed, FP32. Returns the number of checks."""
+    of FP32 tensors gets a 16-bit tensor (the tf engine moves BF16 bits as FP16, which its
+    gather ops take); uncompressed, FP32. Returns the number of checks."""
     comm, checks = context.communicator(), 0
     rng = np.random.RandomState(rank)
     inputs = [tf.constant(rng.standard_normal(s).astype(np.float32)) for s in ((301,), (7, 40))]
@@ -79,7 +96,7 @@ def check_wire(grid, rank, failures) -> int:
                                           compression=compression, check_consistency=False,
                                           comm=recording(comm, seen), torus_grid=torus_grid)
             checks += 1
-            wrong = [s for s in seen if s[1] != wire]
+            wrong = [s for s in seen if s[1].size != wire.size or not s[1].is_floating]
             label = f"wire {algorithm} {torus_grid} {wire.name}"
             if not seen and comm.size > 1:
                 failures.append(f"{label}: no collective was called")
