@@ -13,15 +13,16 @@ import tensorflow as tf
 # __test__ = False.
 tf.test.TestCase.test_session.__test__ = False
 
-# node id -> its seconds in a CI run on 2 cores (2026-11-23); the comments say which lighter
-# check of the same kind the default tier keeps
+# node id -> its seconds in a CI run on 2 cores (2026-11-23; N = 9 and 12 timed in a run of
+# their own); the comments say which lighter check of the same kind the default tier keeps
 SLOW = {
-    # the widest worlds; 1, 2 and 4 ranks (and 2, 4, 6 on the tf engine) stay in the default tier
+    # the widest worlds; 1, 2 and 4 ranks (and 2, 4, 6 on the tf engine) stay in the default tier;
+    # 9 and 12 check only the grids with both a row and a column phase
     "tests/test_allreduce_multiprocess.py::AllreduceMultiprocessTest::test_six_ranks": 46,
     "tests/test_allreduce_multiprocess.py::AllreduceMultiprocessTest::test_eight_ranks": 70,
     "tests/test_allreduce_multiprocess.py::AllreduceMultiprocessTest::"
-    "test_nine_ranks_three_by_three": None,
-    "tests/test_allreduce_multiprocess.py::AllreduceMultiprocessTest::test_twelve_ranks": None,
+    "test_nine_ranks_three_by_three": 65,
+    "tests/test_allreduce_multiprocess.py::AllreduceMultiprocessTest::test_twelve_ranks": 140,
     "tests/test_tf_engine.py::TFEngineJobsTest::test_ten_ranks_tf_config": 55,
     "tests/test_tf_engine.py::TFEngineJobsTest::test_twelve_ranks_task_name_order": 78,
     # a worker lost: SIGKILL on the Horovod engine and the normal finish stay in the default tier
@@ -37,10 +38,9 @@ SLOW = {
     "tests/test_bad_input_surface.py::BadInputSurfaceTest::"
     "test_every_case_fails_clearly_and_keeps_what_was_there": 72,
     # three experiments end to end through train.py (ref, 1, 4, one process each); Exp. 2 and 3
-    # on 2 workers and mixed precision stay in the default tier. Not yet timed alone: with the
-    # mixed-precision and launcher tests it took 393 s here (2026-11-23)
+    # on 2 workers and mixed precision stay in the default tier
     "tests/test_train_script.py::TrainScriptTest::"
-    "test_experiments_ref_1_and_4_end_to_end_with_tensorboard": None,
+    "test_experiments_ref_1_and_4_end_to_end_with_tensorboard": 77,
     # the tf engine without Horovod; the Horovod engine's equivalence tests stay
     "tests/test_training_equivalence.py::TrainingEquivalenceTest::"
     "test_tf_engine_fit_without_horovod_and_engines_agree": 49,
