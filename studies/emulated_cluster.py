@@ -280,7 +280,7 @@ def sweep_plot(results: List[tuple], out_dir: str) -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     labels = [f"{h}x{r}\n{g:g} Gbit/s" for h, r, g, _ in results]
-    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(results)), 4.5))
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(results)) + 3, 4.5))
     ax.bar(range(len(results)), [byte_limit(h, r) for h, r, _, _ in results], color="0.85",
            label="byte limit (host link bytes, torus / ring)")
     workloads = list(dict.fromkeys(w for *_, rows in results for w in medians(rows)))
@@ -300,7 +300,8 @@ def sweep_plot(results: List[tuple], out_dir: str) -> str:
     ax.set_ylabel("all-reduce time, torus / flat ring")
     ax.set_title("emulated clusters: torus against the ring, and the limit set by bytes",
                  fontsize=10)
-    ax.legend(fontsize=7, loc="upper left")
+    ax.set_ylim(0, 1.1)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside, not on, the data
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     path = os.path.join(out_dir, "emulated_sweep.png")
