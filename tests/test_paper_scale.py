@@ -8,7 +8,6 @@ import tempfile
 
 import tensorflow as tf
 
-from flags.experiments import get_experiment
 from official_resnet import checkpointing, embedded_data
 from official_resnet.schedules import Schedule
 from tests import harness
