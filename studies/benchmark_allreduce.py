@@ -30,8 +30,9 @@ collective runtime (tftorus.init(engine='tf', with_horovod=True)) and time:
 
   torus-tf, ring-tf, hierarchical-tf   the same algorithms on TF's collective ops (ring-tf is one
            CollectiveReduceV2 over the world per fused buffer); torus-tf pipelines chunks as
-           tftorus chooses (across hosts, from 16 MiB)
+           tftorus chooses (across hosts, from 2 MiB)
   torus-tf-nochunks   torus-tf without the chunk pipeline
+  torus-tf-chunks<K>  torus-tf with each fused buffer forced into K chunks (--chunks)
   mwms     tf.distribute.MultiWorkerMirroredStrategy's own all-reduce path (its
            CollectiveReplicaLauncher, RING, one pack, a fresh instance key per call)
 
@@ -102,7 +103,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     run.add_argument("--no-phases", dest="phases", action="store_false",
                      help="skip the per-phase torus timings")
     run.add_argument("--chunks", type=int, default=4,
-                     help="pipelined chunks per buffer of the torus-chunks<K> variant")
+                     help="pipelined chunks per buffer of the torus-chunks<K> and torus-tf-chunks<K> variants")
     run.add_argument("--fusion-threshold-mb", type=float, default=128.0,
                      help="tftorus fusion threshold in MiB (default: 128, Horovod's default)")
     out = p.add_argument_group("output")
@@ -263,6 +264,7 @@ def variant_fns(setup: Setup, workload: Workload, chunks: int) -> Dict[str, Call
     if setup.tf_comm is not None:
         fns["torus-tf"] = graph(tftorus_fn("torus", setup.tf_comm))
         fns["torus-tf-nochunks"] = graph(tftorus_fn("torus", setup.tf_comm, 1))
+        fns[f"torus-tf-chunks{chunks}"] = graph(tftorus_fn("torus", setup.tf_comm, chunks))
         fns["ring-tf"] = graph(tftorus_fn("ring", setup.tf_comm))
         fns["hierarchical-tf"] = graph(tftorus_fn("hierarchical", setup.tf_comm))
         if workload.compression == "none":  # MWMS sends what it is given: FP32 here

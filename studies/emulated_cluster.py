@@ -375,7 +375,8 @@ def parse_args(argv=None):
                             "torus-tf-nochunks", "reduce-scatter (alltoall)",
                             "column all-reduce", "row all-gather"],
                    help="variants and torus phases to time (hvd is always timed)")
-    p.add_argument("--chunks", type=int, default=4, help="chunks of the torus-chunks<K> variant")
+    p.add_argument("--chunks", type=int, default=16,
+                   help="chunks of the torus-chunks<K> and torus-tf-chunks<K> variants")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--out", default=DEFAULT_OUT, help="CSV, log and plots (default %(default)s)")

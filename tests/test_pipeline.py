@@ -34,13 +34,16 @@ class FakeWorld(Communicator):
 class ChunkPolicyTest(tf.test.TestCase):
 
     def chunks(self, grid, size, local, nbytes, concurrent=True, requested=None,
-               algorithm="torus"):
+               algorithm="torus", dtype=tf.float32):
         return algorithms.pipeline_chunks(algorithm, parse_grid(grid, size),
-                                          FakeWorld(size, local, concurrent), nbytes, requested)
+                                          FakeWorld(size, local, concurrent), nbytes, requested,
+                                          dtype)
 
     def test_one_chunk_per_min_chunk_bytes_up_to_the_maximum(self):
-        self.assertEqual(self.chunks("2x2", 4, 2, 4 * MIB), 1)
-        self.assertEqual(self.chunks("2x2", 4, 2, 16 * MIB), 2)
+        self.assertEqual(algorithms.MIN_CHUNK_BYTES, MIB)
+        self.assertEqual(self.chunks("2x2", 4, 2, MIB // 2), 1)
+        self.assertEqual(self.chunks("2x2", 4, 2, 4 * MIB), 4)
+        self.assertEqual(self.chunks("2x2", 4, 2, 16 * MIB), 16)
         self.assertEqual(self.chunks("2x4", 8, 4, 64 * MIB), algorithms.MAX_CHUNKS)
         self.assertEqual(self.chunks("2x4", 8, 4, 1 << 30), algorithms.MAX_CHUNKS)
 
@@ -51,6 +54,17 @@ class ChunkPolicyTest(tf.test.TestCase):
         self.assertEqual(self.chunks("2x2", 4, 2, 64 * MIB, concurrent=False), 1)  # Horovod
         self.assertEqual(self.chunks("2x2", 4, 2, 64 * MIB, algorithm="ring"), 1)
         self.assertEqual(self.chunks("2x2", 4, 2, 64 * MIB, algorithm="hierarchical"), 1)
+
+    def test_off_where_chunks_would_change_the_last_bit(self):
+        # A column of 3+ ranks sums FP32/FP64 in an order set by the element's place in the
+        # buffer; 16-bit wires (FP32 sums in rank order) and integers keep every bit.
+        for grid, size, local in (("3x2", 6, 2), ("4x2", 8, 2), ("4x4", 16, 4)):
+            self.assertEqual(self.chunks(grid, size, local, 64 * MIB), 1)
+            self.assertEqual(self.chunks(grid, size, local, 64 * MIB, dtype=tf.float64), 1)
+            for exact in (tf.float16, tf.bfloat16, tf.int32):
+                self.assertEqual(self.chunks(grid, size, local, 64 * MIB, dtype=exact), 16)
+            self.assertEqual(self.chunks(grid, size, local, 64 * MIB, requested=4), 4)
+        self.assertEqual(self.chunks("2x4", 8, 4, 64 * MIB, dtype=tf.float64), 16)
 
     def test_a_requested_count_wins(self):
         self.assertEqual(self.chunks("2x2", 4, 4, 1024, requested=3), 3)

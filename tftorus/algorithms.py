@@ -18,10 +18,12 @@ without chunks; see `pipeline_chunks` for when the chunks pay.
 
 Chunks and the last bit: the row sum (all-to-all, then an FP32 sum in rank order) and every
 16-bit sum are taken in a fixed order, so they do not change with chunks, and neither does an
-FP32 column of 1 or 2 ranks (a + b == b + a). An FP32 column of 3 or more ranks is summed by the
-engine's ring (Gloo's, TF's), whose order for an element depends on its position in the
-buffer, so chunks can change the last bit of such sums (measured: up to 1e-6 relative at
-3 x 2, 3 x 3 and 6 x 2 grids). tests/workers/pipeline_and_wire.py checks both.
+FP32 column of 1 or 2 ranks (a + b == b + a) or any integer sum. An FP32 (or FP64) column of 3 or
+more ranks is summed by the engine's ring (Gloo's, TF's), whose order for an element depends on
+its position in the buffer, so chunks would change the last bit of such sums (measured: up to
+1e-6 relative at 3 x 2, 3 x 3 and 6 x 2 grids). `pipeline_chunks` therefore never picks chunks
+there by itself; a count the caller forces is taken as given. tests/workers/pipeline_and_wire.py
+checks both.
 """
 from typing import Callable, Dict, Optional
 
@@ -31,11 +33,13 @@ from tftorus.communicator import Communicator
 from tftorus.grid import TorusGrid
 
 
-#: A chunk smaller than this is not worth its own three collectives (each pays a fixed cost,
-#: about 10 ms on Horovod/Gloo and the tf engine here), and more chunks than this gain little:
-#: the pipeline's fill and drain are one chunk's row phases.
-MIN_CHUNK_BYTES = 8 << 20
-MAX_CHUNKS = 4
+#: Chunk sizes, measured on the emulated 2 x 2 cluster at 0.25 Gbit/s (docs/emulated_cluster.md):
+#: the pipeline's fill and drain are one chunk's row phases, so small chunks hide more, while
+#: each chunk's three collectives pay a fixed cost (a few ms here, hidden behind the network
+#: while the column is busy). 1 MiB chunks of a 16 MiB buffer and 4 MiB chunks of 64 MiB were
+#: the fastest tried; 4 chunks of 16 MiB left the tf engine 1.13x slower.
+MIN_CHUNK_BYTES = 1 << 20
+MAX_CHUNKS = 16
 
 
 def torus_allreduce(comm: Communicator, grid: TorusGrid, flat: tf.Tensor,
@@ -85,20 +89,23 @@ def check_algorithm(name: str) -> str:
 
 
 def pipeline_chunks(name: str, grid: TorusGrid, comm: Communicator, nbytes: int,
-                    requested: Optional[int] = None) -> int:
-    """How many chunks the torus cuts a buffer of `nbytes` into (1: no pipelining).
+                    requested: Optional[int] = None, dtype: tf.DType = tf.float32) -> int:
+    """How many chunks the torus cuts a buffer of `nbytes` of `dtype` into (1: no pipelining).
 
     `requested` (TorusOptions.pipeline_chunks) wins when given. Otherwise chunks only where
     they can overlap something: a torus with both a row and a column phase, spanning more than
     one host (on one host all phases share the same memory and cores), on an engine that runs
-    collectives of different groups at the same time; then one chunk per MIN_CHUNK_BYTES, at
-    most MAX_CHUNKS.
+    collectives of different groups at the same time, and where they leave every bit of the
+    result as it is (not for a floating-point column of 3+ ranks summed at 32 or 64 bits: see
+    the module's docstring); then one chunk per MIN_CHUNK_BYTES, at most MAX_CHUNKS.
     """
     if name != "torus":
         return 1
     if requested is not None:
         return requested
     if grid.x == 1 or grid.y == 1 or comm.local_size >= comm.size or not comm.concurrent_groups:
+        return 1
+    if grid.y >= 3 and dtype.is_floating and dtype.size >= 4:
         return 1
     return int(max(1, min(MAX_CHUNKS, nbytes // MIN_CHUNK_BYTES)))
 

@@ -169,7 +169,7 @@ def fused_allreduce(tensors: Sequence[tf.Tensor], op="sum", *, algorithm: str = 
                 pieces = [tf.reshape(wire[i], s) for i, s in zip(bucket.indices, bucket.shapes)]
             else:
                 chunks = algorithms.pipeline_chunks(algorithm, torus_grid, comm, bucket.nbytes,
-                                                    pipeline_chunks)
+                                                    pipeline_chunks, bucket.dtype)
                 packed = fusion.pack(wire, bucket, algorithms.alignment(algorithm, torus_grid,
                                                                         chunks))
                 flat = (reduce(comm, torus_grid, packed) if chunks == 1 else
