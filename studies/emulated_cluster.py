@@ -284,23 +284,30 @@ def sweep_plot(results: List[tuple], out_dir: str) -> str:
     ax.bar(range(len(results)), [byte_limit(h, r) for h, r, _, _ in results], color="0.85",
            label="byte limit (host link bytes, torus / ring)")
     workloads = list(dict.fromkeys(w for *_, rows in results for w in medians(rows)))
-    for j, workload in enumerate(workloads):
-        for name, marker in (("torus", "o"), ("torus-tf", "s")):
-            xs, ys = [], []
-            for i, (*_, rows) in enumerate(results):
-                v = medians(rows).get(workload, {})
-                if name in v and "ring" in v:
-                    xs.append(i + (j - (len(workloads) - 1) / 2) * 0.12)
-                    ys.append(v[name] / v["ring"])
-            if xs:
-                ax.plot(xs, ys, marker, color=f"C{j}", ls="",
-                        label=f"{name} / ring, {workload}", mfc="none" if name != "torus" else None)
+    timed = {n for *_, rows in results for v in medians(rows).values() for n in v}
+    names = [n for n in ("torus", "torus-tf", "torus-tf-nochunks") if n in timed]
+    names += sorted(n for n in timed if n.startswith("torus-") and n not in names
+                    and n != "torus-native")
+    pairs = [(name, workload) for name in names for workload in workloads]
+    markers, top = "osD^v<>", 1.1
+    for k, (name, workload) in enumerate(pairs):
+        xs, ys = [], []
+        for i, (*_, rows) in enumerate(results):
+            v = medians(rows).get(workload, {})
+            if name in v and "ring" in v:
+                xs.append(i + (k - (len(pairs) - 1) / 2) * min(0.12, 0.8 / len(pairs)))
+                ys.append(v[name] / v["ring"])
+        if xs:
+            top = max(top, max(ys) + 0.05)
+            j = workloads.index(workload)
+            ax.plot(xs, ys, markers[names.index(name) % len(markers)], color=f"C{j}", ls="",
+                    label=f"{name} / ring, {workload}", mfc="none" if name != "torus" else None)
     ax.axhline(1.0, color="k", lw=0.8)
     ax.set_xticks(range(len(results)), labels, fontsize=8)
     ax.set_ylabel("all-reduce time, torus / flat ring")
     ax.set_title("emulated clusters: torus against the ring, and the limit set by bytes",
                  fontsize=10)
-    ax.set_ylim(0, 1.1)
+    ax.set_ylim(0, top)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside, not on, the data
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
