@@ -33,8 +33,6 @@ collective runtime (tftorus.init(engine='tf', with_horovod=True)) and time:
            tftorus chooses (across hosts, from 2 MiB)
   torus-tf-nochunks   torus-tf without the chunk pipeline
   torus-tf-chunks<K>  torus-tf with each fused buffer forced into K chunks (--chunks)
-  torus-hybrid  the torus on the hybrid engine: rows on TF's collectives, columns on Horovod,
-           chunk pipeline as tftorus chooses (on one host: all Horovod, no chunks)
   mwms     tf.distribute.MultiWorkerMirroredStrategy's own all-reduce path (its
            CollectiveReplicaLauncher, RING, one pack, a fresh instance key per call)
 
@@ -188,7 +186,6 @@ class Setup(NamedTuple):
     grid: object  # TorusGrid
     fusion_bytes: int
     tf_comm: object  # TFCollectiveCommunicator, or None without the tf engine
-    hybrid_comm: object  # HybridCommunicator over the two, or None without the tf engine
 
 
 def start_tftorus(grid_spec, fusion_bytes: int, engines: Sequence[str]) -> Setup:
@@ -201,13 +198,8 @@ def start_tftorus(grid_spec, fusion_bytes: int, engines: Sequence[str]) -> Setup
     comm = context.communicator("horovod")
     native = copy.copy(comm)  # shares the process sets; only the reduce-scatter differs
     native.reduce_scatter_impl = "native"
-    tf_comm = hybrid_comm = None
-    if "tf" in engines:
-        from tftorus import tf_cluster
-        from tftorus.hybrid_engine import HybridCommunicator
-        tf_comm = context.communicator("tf")
-        hybrid_comm = HybridCommunicator(tf_comm, comm, tf_cluster.current().hosts)
-    return Setup(comm, native, context.default_grid(), fusion_bytes, tf_comm, hybrid_comm)
+    tf_comm = context.communicator("tf") if "tf" in engines else None
+    return Setup(comm, native, context.default_grid(), fusion_bytes, tf_comm)
 
 
 _MWMS = {}  # one launcher per process, as one strategy has: its instance keys never repeat
@@ -273,8 +265,6 @@ def variant_fns(setup: Setup, workload: Workload, chunks: int) -> Dict[str, Call
         fns["torus-tf"] = graph(tftorus_fn("torus", setup.tf_comm))
         fns["torus-tf-nochunks"] = graph(tftorus_fn("torus", setup.tf_comm, 1))
         fns[f"torus-tf-chunks{chunks}"] = graph(tftorus_fn("torus", setup.tf_comm, chunks))
-        fns["torus-hybrid"] = graph(tftorus_fn("torus", setup.hybrid_comm))
-        fns[f"torus-hybrid-chunks{chunks}"] = graph(tftorus_fn("torus", setup.hybrid_comm, chunks))
         fns["ring-tf"] = graph(tftorus_fn("ring", setup.tf_comm))
         fns["hierarchical-tf"] = graph(tftorus_fn("hierarchical", setup.tf_comm))
         if workload.compression == "none":  # MWMS sends what it is given: FP32 here

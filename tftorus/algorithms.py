@@ -59,11 +59,7 @@ def torus_allreduce(comm: Communicator, grid: TorusGrid, flat: tf.Tensor,
         if step < chunks:
             scattered[step] = comm.reduce_scatter(parts[step], row)
         if 0 <= step - 1 < chunks:
-            # One chunk at a time down the column, in order: an engine that fuses whatever is
-            # ready (Horovod) would otherwise merge the waiting chunks into one big all-reduce,
-            # and every row all-gather behind it would wait for all of them.
-            with tf.control_dependencies(reduced[step - 3:step - 2] if step >= 3 else []):
-                reduced[step - 1] = comm.all_reduce(scattered[step - 1], col)
+            reduced[step - 1] = comm.all_reduce(scattered[step - 1], col)
         if 0 <= step - 2 < chunks:
             gathered[step - 2] = comm.all_gather(reduced[step - 2], row, equal_sizes=True)
     return tf.concat(gathered, axis=0)

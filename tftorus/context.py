@@ -7,9 +7,7 @@ PMI); where none is set it starts Horovod with dynamic process sets and register
 `init(engine="tf")` runs the same algorithms on TensorFlow's collective ops instead
 (tftorus/tf_collective_engine.py). It never starts Horovod: the cluster comes from TF_CONFIG or
 horovodrun's rendezvous (tftorus/tf_cluster.py), and it must be called before any other
-TensorFlow call, because TF's runtime joins a cluster only when it starts. `init(engine="hybrid")`
-starts both and sends groups inside a host to TF, groups across hosts to Horovod, so the torus'
-row and column phases overlap (tftorus/hybrid_engine.py).
+TensorFlow call, because TF's runtime joins a cluster only when it starts.
 """
 import logging
 import os
@@ -26,17 +24,15 @@ logger = logging.getLogger(__name__)
 
 _SIZE_VARS = ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 _LOCAL_SIZE_VARS = ("HOROVOD_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS")
-ENGINES = ("horovod", "tf", "hybrid")
+ENGINES = ("horovod", "tf")
 
 
 class _State:
     def __init__(self, comm: Communicator, grid: TorusGrid,
-                 horovod_comm: Optional[HorovodCommunicator] = None,
-                 tf_comm: Optional[Communicator] = None):
-        self.comm = comm  # the engine init() was asked for
+                 horovod_comm: Optional[HorovodCommunicator] = None):
+        self.comm = comm
         self.grid = grid  # the default torus grid
-        self.horovod_comm = horovod_comm  # Horovod's, where it runs
-        self.tf_comm = tf_comm  # the tf engine's, where it runs
+        self.horovod_comm = horovod_comm  # the tf engine's Horovod companion under horovodrun
 
 
 _state: Optional[_State] = None
@@ -78,11 +74,9 @@ def init(grid: GridSpec = None, extra_grids: Iterable[GridSpec] = (),
     extra_grids: further grids to register for algorithms or grids picked per optimizer.
     process_sets: the caller's own Horovod process sets, registered too (Horovod engine).
     reduce_scatter_impl: 'alltoall' (default on CPUs) or 'native' (NCCL); see the engines.
-    engine: 'horovod' (Horovod process sets), 'tf' (TensorFlow's collective ops, no Horovod;
-      call init() first thing, before any other TensorFlow call) or 'hybrid' (under horovodrun:
-      both, groups inside a host on TF and across hosts on Horovod, so the torus' row and column
-      phases overlap; call it first thing too).
-    collective_timeout, tf_host, tf_port: tf and hybrid engines; see tftorus.tf_cluster.bootstrap.
+    engine: 'horovod' (Horovod process sets) or 'tf' (TensorFlow's collective ops, no Horovod;
+      call init() first thing, before any other TensorFlow call).
+    collective_timeout, tf_host, tf_port: tf engine only; see tftorus.tf_cluster.bootstrap.
     with_horovod: tf engine under horovodrun only: start Horovod too, with the same grids'
       process sets, so engine='horovod' and Horovod's own functions work beside the tf engine
       (to compare the engines). Off by default: Horovod's background thread costs CPU time.
@@ -90,9 +84,9 @@ def init(grid: GridSpec = None, extra_grids: Iterable[GridSpec] = (),
     global _state
     extra_grids = list(extra_grids)
     _check_engine_args(engine, process_sets, collective_timeout, tf_host, tf_port)
-    if engine in ("tf", "hybrid"):
+    if engine == "tf":
         return _init_tf(grid, extra_grids, reduce_scatter_impl, collective_timeout, tf_host,
-                        tf_port, with_horovod, hybrid=engine == "hybrid")
+                        tf_port, with_horovod)
     if with_horovod:
         raise ValueError("with_horovod=True goes with engine='tf'; the Horovod engine always "
                          "runs Horovod")
@@ -135,27 +129,24 @@ def _check_engine_args(engine, process_sets, collective_timeout, tf_host, tf_por
     tf_only = {"collective_timeout": collective_timeout, "tf_host": tf_host, "tf_port": tf_port}
     given = sorted(k for k, v in tf_only.items() if v is not None)
     if engine == "horovod" and given:
-        raise ValueError(f"{', '.join(given)} only apply to engine='tf' and 'hybrid'; Horovod "
-                         f"takes its timeouts and addresses from horovodrun (HOROVOD_* variables)")
-    if engine != "horovod" and process_sets:
-        raise ValueError(f"process_sets go with engine='horovod'; engine={engine!r} builds its "
-                         f"own groups from the grids: pass grid=/extra_grids= instead")
+        raise ValueError(f"{', '.join(given)} only apply to engine='tf'; Horovod takes its "
+                         f"timeouts and addresses from horovodrun (HOROVOD_* variables)")
+    if engine == "tf" and process_sets:
+        raise ValueError("process_sets are Horovod's; engine='tf' builds its own groups from "
+                         "the grids: pass grid=/extra_grids= instead")
     if collective_timeout is not None and not collective_timeout > 0:
         raise ValueError(f"collective_timeout must be > 0 seconds, got {collective_timeout!r}")
 
 
 def _init_tf(grid, extra_grids, reduce_scatter_impl, collective_timeout, tf_host, tf_port,
-             with_horovod, hybrid=False):
-    """The tf engine: bootstrap TF's cluster (TF_CONFIG or horovodrun); Horovod only if asked
-    (always for the hybrid engine, which routes each group to one of the two)."""
+             with_horovod):
+    """The tf engine: bootstrap TF's cluster (TF_CONFIG or horovodrun); Horovod only if asked."""
     global _state
     from tftorus import tf_cluster
-    from tftorus.hybrid_engine import HybridCommunicator
     from tftorus.tf_collective_engine import TFCollectiveCommunicator
 
-    engine = "hybrid" if hybrid else "tf"
     if _state is not None:
-        if _state.comm.engine != engine:
+        if _state.comm.engine != "tf":
             raise RuntimeError(f"tftorus already runs on the {_state.comm.engine!r} engine; "
                                f"call init() once per process with one engine")
         comm = _state.comm
@@ -174,17 +165,14 @@ def _init_tf(grid, extra_grids, reduce_scatter_impl, collective_timeout, tf_host
     comm = TFCollectiveCommunicator(cluster, _groups_of(grids), reduce_scatter_impl or "auto",
                                     collective_timeout)
     horovod_comm = None
-    if with_horovod or hybrid:
-        if cluster.source != "horovodrun" and cluster.size > 1:
-            raise ValueError(f"{'the hybrid engine' if hybrid else 'with_horovod=True'} needs "
-                             f"horovodrun; this cluster came from {cluster.source}")
+    if with_horovod:
+        if cluster.source != "horovodrun":
+            raise ValueError(f"with_horovod=True needs horovodrun; this cluster came from "
+                             f"{cluster.source}")
         sets = [hvd.ProcessSet(list(g)) for g in _groups_of(grids)]
         hvd.init(process_sets=sets)
         horovod_comm = HorovodCommunicator(sets, "alltoall")
-    main = comm
-    if hybrid:
-        main = HybridCommunicator(comm, horovod_comm, cluster.hosts)
-    _state = _State(main, grids[0], horovod_comm, comm)
+    _state = _State(comm, grids[0], horovod_comm)
     _log_grid()
     return _state
 
@@ -229,9 +217,9 @@ def state() -> _State:
 
 def check_engine_name(engine: Optional[str]) -> None:
     if engine is not None and engine not in ENGINES:
-        raise ValueError(f"unknown engine {engine!r}; choose 'horovod' (Horovod process sets), "
-                         f"'tf' (TensorFlow's collective ops) or 'hybrid' (both), or None for "
-                         f"the engine tftorus.init() started")
+        raise ValueError(f"unknown engine {engine!r}; choose 'horovod' (Horovod process sets) "
+                         f"or 'tf' (TensorFlow's collective ops), or None for the engine "
+                         f"tftorus.init() started")
 
 
 def communicator(engine: Optional[str] = None) -> Communicator:
@@ -240,8 +228,6 @@ def communicator(engine: Optional[str] = None) -> Communicator:
     comm = state().comm
     if engine is None or engine == comm.engine:
         return comm
-    if engine == "tf" and _state.tf_comm is not None:
-        return _state.tf_comm
     if engine == "horovod" and hvd.is_initialized():
         # The tf engine under horovodrun starts Horovod too: its process sets are the same grids.
         if _state.horovod_comm is None:
@@ -304,8 +290,8 @@ def shutdown():
     Not for error paths: a barrier there could wait for ranks that will never arrive.
     """
     global _state
-    if _state is not None and _state.tf_comm is not None:
-        _state.tf_comm.barrier()  # task 0 resolves every group: it must outlive the last collective
+    if _state is not None and _state.comm.engine == "tf":
+        _state.comm.barrier()  # task 0 resolves every group: it must outlive the last collective
     if hvd.is_initialized():
         if hvd.size() > 1:
             hvd.allreduce(tf.constant(0), op=hvd.Sum, name="tftorus_shutdown_barrier")

@@ -60,11 +60,6 @@ class Cluster:
         return f"/job:{JOB}/replica:0/task:{rank}"
 
     @property
-    def hosts(self) -> Tuple[str, ...]:
-        """Each rank's host, as its peers dial it (loopback names all read 'localhost')."""
-        return tuple(_host_name(_split(w)[0]) for w in self.workers)
-
-    @property
     def device(self) -> str:
         """This process' CPU device, the one every collective of the engine runs on."""
         return f"{self.task(self.rank)}/device:CPU:0"
@@ -129,14 +124,12 @@ def _split(address: str) -> Tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def _host_name(host: str) -> str:
-    return "localhost" if host in _LOOPBACK_NAMES else host
-
-
 def _local_ranks(workers, rank) -> Tuple[int, int]:
     """(local rank, local size): tasks sharing this task's host name."""
-    hosts = [_host_name(_split(w)[0]) for w in workers]
-    same = [i for i, h in enumerate(hosts) if h == hosts[rank]]
+    hosts = [_split(w)[0] for w in workers]
+    mine = hosts[rank]
+    same = [i for i, h in enumerate(hosts) if h == mine or
+            (h in _LOOPBACK_NAMES and mine in _LOOPBACK_NAMES)]
     return same.index(rank), len(same)
 
 
