@@ -36,10 +36,11 @@ collective runtime (tftorus.init(engine='tf', with_horovod=True)) and time:
   mwms     tf.distribute.MultiWorkerMirroredStrategy's own all-reduce path (its
            CollectiveReplicaLauncher, RING, one pack, a fresh instance key per call)
 
-The torus' steps are also timed as separate
-tf.functions (pack, row reduce-scatter, column all-reduce, row all-gather, unpack, the
-consistency check), to show where its time goes. Results go to a CSV
-(--csv, default under /tmp); do not commit them.
+The torus' steps are also timed as separate tf.functions (pack, row reduce-scatter, column
+all-reduce, row all-gather, unpack, the consistency check), to show where its time goes; the two
+row phases also with row 0 working and the other rows idle ("one row's ..."), as on a cluster
+whose hosts each have their own cores. Results go to a CSV (--csv, default under /tmp); do not
+commit them.
 """
 import argparse
 import copy
@@ -279,6 +280,7 @@ def phase_fns(setup: Setup, workload: Workload, tensors) -> Dict[str, tuple]:
     _, comp = compressions(workload.compression)
     comm, native, grid = setup.comm, setup.native, setup.grid
     row, col = grid.row_group(comm.rank), grid.col_group(comm.rank)
+    first_row = row == grid.row_group(0)
     wire = [comp.compress(t)[0] for t in tensors]
     buckets = fusion.plan_buckets(wire, setup.fusion_bytes)
     flats = [fusion.pack(wire, b, grid.x) for b in buckets]
@@ -314,6 +316,15 @@ def phase_fns(setup: Setup, workload: Workload, tensors) -> Dict[str, tuple]:
         "column all-reduce": (graph(lambda ss: [comm.all_reduce(s, col) for s in ss]), shards),
         "row all-gather": (
             graph(lambda ss: [comm.all_gather(s, row, equal_sizes=True) for s in ss]), shards),
+        # The same, only row 0 working and every other rank idle: what the row phases take
+        # where a host has its cores to itself (on an emulated cluster every host's rows share
+        # this machine's cores). Other rows return at once, so the slowest rank is row 0's.
+        "one row's reduce-scatter": (
+            graph(lambda fs: [comm.reduce_scatter(f, row) if first_row else f for f in fs]),
+            flats),
+        "one row's all-gather": (
+            graph(lambda ss: [comm.all_gather(s, row, equal_sizes=True) if first_row else s
+                              for s in ss]), shards),
         "unpack": (graph(unpack), flats),
         "consistency check": (graph(check), [tf.zeros([1])]),
     }

@@ -229,11 +229,11 @@ def read_rows(path: str) -> List[Dict[str, str]]:
         return list(csv.DictReader(f))
 
 
-def medians(rows: List[Dict[str, str]]) -> Dict[str, Dict[str, float]]:
-    """workload -> variant -> median ms."""
+def medians(rows: List[Dict[str, str]], kinds=("variant",)) -> Dict[str, Dict[str, float]]:
+    """workload -> variant (and, if asked, torus phase) -> median ms."""
     by = {}
     for r in rows:
-        if r["kind"] == "variant":
+        if r["kind"] in kinds:
             by.setdefault(r["workload"], {})[r["name"]] = float(r["median_ms"])
     return by
 
@@ -257,6 +257,33 @@ def ratio_table(rows: List[Dict[str, str]], limit: float) -> str:
                   for b in ("hierarchical", "hvd")]
         lines.append(f"| {workload} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+ROW_PHASES = ("reduce-scatter (alltoall)", "row all-gather")
+ROW0_PHASES = ("one row's reduce-scatter", "one row's all-gather")
+
+
+def phase_table(rows: List[Dict[str, str]]) -> str:
+    """Where the Horovod torus' time goes, as fractions of the ring: its column phase alone, its
+    row phases with every host at work (as here, all on one machine's cores) and with one host
+    at work (as on hosts with cores of their own), and column + that host's rows: what the torus
+    would take with its phases one after the other on separate machines ('' where not timed)."""
+    by = medians(rows, kinds=("variant", "phase"))
+    head = ("| workload | torus / ring | column alone / ring | row phases, every host / ring | "
+            "row phases, one host / ring | column + one host's rows / ring |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for workload, v in by.items():
+        if "ring" not in v or "column all-reduce" not in v:
+            continue
+        ring = v["ring"]
+        every = sum(v[p] for p in ROW_PHASES) if all(p in v for p in ROW_PHASES) else None
+        one = sum(v[p] for p in ROW0_PHASES) if all(p in v for p in ROW0_PHASES) else None
+        cells = [v["torus"] / ring if "torus" in v else None, v["column all-reduce"] / ring,
+                 every / ring if every is not None else None, one / ring if one is not None else None,
+                 (v["column all-reduce"] + one) / ring if one is not None else None]
+        lines.append(f"| {workload} | " + " | ".join("" if c is None else f"{c:.3f}"
+                                                     for c in cells) + " |")
+    return "\n".join(lines) if len(lines) > 2 else ""
 
 
 def sweep_table(results: List[tuple]) -> str:
@@ -380,7 +407,8 @@ def parse_args(argv=None):
     p.add_argument("--variants", nargs="*",
                    default=["hvd", "torus", "ring", "hierarchical", "torus-tf",
                             "torus-tf-nochunks", "reduce-scatter (alltoall)",
-                            "column all-reduce", "row all-gather"],
+                            "column all-reduce", "row all-gather",
+                            "one row's reduce-scatter", "one row's all-gather"],
                    help="variants and torus phases to time (hvd is always timed)")
     p.add_argument("--chunks", type=int, default=16,
                    help="chunks of the torus-chunks<K> and torus-tf-chunks<K> variants")
@@ -432,6 +460,10 @@ def run_cluster(args, hosts: int, rph: int, gbit: float, out: str) -> List[Dict[
     rows = read_rows(csv_path)
     print(f"\n== {title}: medians and ratios (below 1: the torus is faster) ==")
     print(ratio_table(rows, byte_limit(hosts, rph)))
+    phases = phase_table(rows)
+    if phases:
+        print(f"\n== where the Horovod torus' time goes (byte limit {byte_limit(hosts, rph):.3f}) ==")
+        print(phases)
     for path in plots(rows, out, title, gbit):
         print(f"plot: {path}")
     print(f"CSV: {csv_path}  ({time.time() - start:.0f} s)")

@@ -44,6 +44,19 @@ class ByteLimitTest(unittest.TestCase):
         for hosts, rph, limit in ((2, 2, 0.667), (2, 4, 0.571), (4, 2, 0.857), (4, 4, 0.8)):
             self.assertAlmostEqual(ec.byte_limit(hosts, rph), limit, places=3)
 
+    def test_phase_table(self):
+        def row(name, ms, kind="phase"):
+            return {"workload": "flat 64 MiB", "name": name, "kind": kind, "median_ms": str(ms)}
+        rows = [row("ring", 1000.0, "variant"), row("torus", 700.0, "variant"),
+                row("column all-reduce", 600.0), row("reduce-scatter (alltoall)", 40.0),
+                row("row all-gather", 30.0), row("one row's reduce-scatter", 20.0),
+                row("one row's all-gather", 10.0)]
+        self.assertIn("| flat 64 MiB | 0.700 | 0.600 | 0.070 | 0.030 | 0.630 |",
+                      ec.phase_table(rows))
+        # without the one-row phases those columns stay empty; without a column phase, no table
+        self.assertIn("| flat 64 MiB | 0.700 | 0.600 | 0.070 |  |  |", ec.phase_table(rows[:5]))
+        self.assertEqual(ec.phase_table(rows[:2]), "")
+
     def test_sweep_arguments(self):
         args = ec.parse_args(["--sweep", "2x2", "2x4", "--link-gbit", "0.25", "1"])
         self.assertEqual(args.clusters, [(2, 2, 0.25), (2, 2, 1.0), (2, 4, 0.25), (2, 4, 1.0)])
@@ -78,12 +91,16 @@ class EmulatedClusterTest(unittest.TestCase):
             [sys.executable, "-m", "studies.emulated_cluster",
              "--hosts", "2", "--ranks-per-host", "2", "--sizes", "64K", "--resnet",
              "--engines", "horovod", "--variants", "hvd", "torus", "ring", "hierarchical",
+             "column all-reduce", "one row's reduce-scatter", "one row's all-gather",
              "--repeats", "2", "--out", out, "--timeout", "240"],
             capture_output=True, text=True, timeout=300, cwd=harness.ROOT)
         self.assertEqual(result.returncode, 0, result.stdout[-3000:] + result.stderr[-3000:])
         # 4 medians, the byte limit (0.667 at 2 x 2), torus / ring, / hierarchical, / hvd
         self.assertRegex(result.stdout, r"\| flat 64 KiB \|( [\d.]+ \|){4} 0\.667 \|"
                                         r"( [\d.]+ \|){3}")
+        # where the time goes: column alone, and column + one host's row phases
+        self.assertRegex(result.stdout, r"\| flat 64 KiB \| [\d.]+ \| [\d.]+ \|  \| [\d.]+ \| "
+                                        r"[\d.]+ \|")
         with open(os.path.join(out, "allreduce.csv"), newline="") as f:
             rows = list(csv.DictReader(f))
         for column in ("hosts", "ranks_per_host", "link_gbit", "bytes", "median_ms", "max_err"):
