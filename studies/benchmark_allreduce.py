@@ -303,6 +303,9 @@ def phase_fns(setup: Setup, workload: Workload, tensors) -> Dict[str, tuple]:
             graph(lambda fs: [tf_comm.reduce_scatter(f, row) for f in fs]), flats),
         "tf column all-reduce": (graph(lambda ss: [tf_comm.all_reduce(s, col) for s in ss]),
                                  shards),
+        # the column as the tf torus sums it at 3+ rows: in rank order (algorithms.ordered_column)
+        "tf column in rank order": (
+            graph(lambda ss: [tf_comm.sum_in_rank_order(s, col) for s in ss]), shards),
         "tf row all-gather": (
             graph(lambda ss: [tf_comm.all_gather(s, row, equal_sizes=True) for s in ss]), shards),
     }

@@ -17,9 +17,10 @@ class FakeWorld(Communicator):
     """Only the shape of a world (rank, size, hosts) and whether groups overlap: the policy
     reads nothing else, and runs no collective."""
 
-    def __init__(self, size, local_size, concurrent=True):
+    def __init__(self, size, local_size, concurrent=True, reduce_scatter_impl="alltoall"):
         self._size, self._local = size, local_size
         self.concurrent_groups = concurrent
+        self.reduce_scatter_impl = reduce_scatter_impl
 
     rank = property(lambda self: 0)
     size = property(lambda self: self._size)
@@ -34,10 +35,10 @@ class FakeWorld(Communicator):
 class ChunkPolicyTest(tf.test.TestCase):
 
     def chunks(self, grid, size, local, nbytes, concurrent=True, requested=None,
-               algorithm="torus", dtype=tf.float32):
-        return algorithms.pipeline_chunks(algorithm, parse_grid(grid, size),
-                                          FakeWorld(size, local, concurrent), nbytes, requested,
-                                          dtype)
+               algorithm="torus", dtype=tf.float32, reduce_scatter_impl="alltoall"):
+        return algorithms.pipeline_chunks(
+            algorithm, parse_grid(grid, size),
+            FakeWorld(size, local, concurrent, reduce_scatter_impl), nbytes, requested, dtype)
 
     def test_one_chunk_per_min_chunk_bytes_up_to_the_maximum(self):
         self.assertEqual(algorithms.MIN_CHUNK_BYTES, MIB)
@@ -55,16 +56,41 @@ class ChunkPolicyTest(tf.test.TestCase):
         self.assertEqual(self.chunks("2x2", 4, 2, 64 * MIB, algorithm="ring"), 1)
         self.assertEqual(self.chunks("2x2", 4, 2, 64 * MIB, algorithm="hierarchical"), 1)
 
-    def test_off_where_chunks_would_change_the_last_bit(self):
-        # A column of 3+ ranks sums FP32/FP64 in an order set by the element's place in the
-        # buffer; 16-bit wires (FP32 sums in rank order) and integers keep every bit.
+    def test_columns_of_three_or_more_are_summed_in_rank_order_where_chunks_run(self):
+        # An engine's ring sums an FP32/FP64 column of 3+ ranks in an order set by the element's
+        # place in the buffer; the torus sums such a column in rank order where it pipelines
+        # (all-to-all reduce-scatter), so the chunks keep every bit and are picked as usual.
         for grid, size, local in (("3x2", 6, 2), ("4x2", 8, 2), ("4x4", 16, 4)):
-            self.assertEqual(self.chunks(grid, size, local, 64 * MIB), 1)
-            self.assertEqual(self.chunks(grid, size, local, 64 * MIB, dtype=tf.float64), 1)
+            for dtype in (tf.float32, tf.float64, tf.float16, tf.bfloat16, tf.int32):
+                self.assertEqual(self.chunks(grid, size, local, 64 * MIB, dtype=dtype), 16)
+            world = FakeWorld(size, local)
+            self.assertTrue(algorithms.ordered_column(parse_grid(grid, size), world, tf.float32))
+            for exact in (tf.float16, tf.int32):  # summed in rank order / exactly anyway
+                self.assertFalse(algorithms.ordered_column(parse_grid(grid, size), world, exact))
+        for grid, size in (("2x4", 8), ("1x8", 8)):  # columns of 1-2: a + b == b + a
+            self.assertFalse(algorithms.ordered_column(parse_grid(grid, size), FakeWorld(size, 4),
+                                                       tf.float32))
+        # Horovod (one collective at a time): its own all-reduce, and no chunks by default
+        self.assertFalse(algorithms.ordered_column(parse_grid("4x2", 8),
+                                                   FakeWorld(8, 2, concurrent=False), tf.float32))
+
+    def test_off_where_chunks_would_change_the_last_bit(self):
+        # With a native (NCCL) reduce-scatter the column cannot be summed in rank order: an FP32
+        # column of 3+ ranks then gets no chunks unless they are asked for.
+        for grid, size, local in (("3x2", 6, 2), ("4x2", 8, 2), ("4x4", 16, 4)):
+            native = dict(reduce_scatter_impl="native")
+            self.assertFalse(algorithms.ordered_column(parse_grid(grid, size),
+                                                       FakeWorld(size, local, **native),
+                                                       tf.float32))
+            self.assertEqual(self.chunks(grid, size, local, 64 * MIB, **native), 1)
+            self.assertEqual(self.chunks(grid, size, local, 64 * MIB, dtype=tf.float64, **native),
+                             1)
             for exact in (tf.float16, tf.bfloat16, tf.int32):
-                self.assertEqual(self.chunks(grid, size, local, 64 * MIB, dtype=exact), 16)
-            self.assertEqual(self.chunks(grid, size, local, 64 * MIB, requested=4), 4)
-        self.assertEqual(self.chunks("2x4", 8, 4, 64 * MIB, dtype=tf.float64), 16)
+                self.assertEqual(self.chunks(grid, size, local, 64 * MIB, dtype=exact, **native),
+                                 16)
+            self.assertEqual(self.chunks(grid, size, local, 64 * MIB, requested=4, **native), 4)
+        self.assertEqual(self.chunks("2x4", 8, 4, 64 * MIB, dtype=tf.float64,
+                                     reduce_scatter_impl="native"), 16)
 
     def test_a_requested_count_wins(self):
         self.assertEqual(self.chunks("2x2", 4, 4, 1024, requested=3), 3)

@@ -18,12 +18,16 @@ without chunks; see `pipeline_chunks` for when the chunks pay.
 
 Chunks and the last bit: the row sum (all-to-all, then an FP32 sum in rank order) and every
 16-bit sum are taken in a fixed order, so they do not change with chunks, and neither does an
-FP32 column of 1 or 2 ranks (a + b == b + a) or any integer sum. An FP32 (or FP64) column of 3 or
-more ranks is summed by the engine's ring (Gloo's, TF's), whose order for an element depends on
-its position in the buffer, so chunks would change the last bit of such sums (measured: up to
-1e-6 relative at 3 x 2, 3 x 3 and 6 x 2 grids). `pipeline_chunks` therefore never picks chunks
-there by itself; a count the caller forces is taken as given. tests/workers/pipeline_and_wire.py
-checks both.
+FP32 column of 1 or 2 ranks (a + b == b + a) or any integer sum. An engine's ring all-reduce
+(Gloo's, TF's) sums an element of an FP32 (or FP64) column of 3 or more ranks in an order set by
+the element's position in the buffer, so chunks would change the last bit of such sums
+(measured: up to 1e-6 relative at 3 x 2, 3 x 3 and 6 x 2 grids). Where the torus pipelines
+chunks, it therefore sums such a column in rank order instead (`ordered_column`: reduce-scatter
+by all-to-all plus an FP32 sum, then all-gather; the bytes of a ring), with chunks or without,
+so the chunks change no bit. Where it does not (Horovod, whose collectives run one at a time;
+an engine with a native NCCL reduce-scatter) the column stays the engine's all-reduce, no chunks
+are picked there by default, and a count the caller forces is taken as given, at FP32 rounding.
+tests/workers/pipeline_and_wire.py checks both.
 """
 from typing import Callable, Dict, Optional
 
@@ -46,9 +50,13 @@ def torus_allreduce(comm: Communicator, grid: TorusGrid, flat: tf.Tensor,
                     chunks: int = 1) -> tf.Tensor:
     """The 2D torus on a buffer whose length is a multiple of `chunks * grid.x`."""
     row, col = grid.row_group(comm.rank), grid.col_group(comm.rank)
+    if ordered_column(grid, comm, flat.dtype):
+        column_sum = comm.sum_in_rank_order
+    else:
+        column_sum = comm.all_reduce
     if chunks == 1:
         shard = comm.reduce_scatter(flat, row)  # step 1: horizontal
-        shard = comm.all_reduce(shard, col)  # step 2: vertical, on 1/X of the buffer
+        shard = column_sum(shard, col)  # step 2: vertical, on 1/X of the buffer
         return comm.all_gather(shard, row, equal_sizes=True)  # step 3: horizontal
     parts = tf.split(flat, chunks)
     scattered, reduced, gathered = [None] * chunks, [None] * chunks, [None] * chunks
@@ -59,7 +67,7 @@ def torus_allreduce(comm: Communicator, grid: TorusGrid, flat: tf.Tensor,
         if step < chunks:
             scattered[step] = comm.reduce_scatter(parts[step], row)
         if 0 <= step - 1 < chunks:
-            reduced[step - 1] = comm.all_reduce(scattered[step - 1], col)
+            reduced[step - 1] = column_sum(scattered[step - 1], col)
         if 0 <= step - 2 < chunks:
             gathered[step - 2] = comm.all_gather(reduced[step - 2], row, equal_sizes=True)
     return tf.concat(gathered, axis=0)
@@ -88,6 +96,14 @@ def check_algorithm(name: str) -> str:
     return name
 
 
+def ordered_column(grid: TorusGrid, comm: Communicator, dtype: tf.DType) -> bool:
+    """Whether the torus sums its column in rank order (Communicator.sum_in_rank_order) rather
+    than with the engine's all-reduce: for FP32/FP64 columns of 3+ ranks on engines that
+    pipeline chunks, so that chunks change no bit. The same with chunks or without."""
+    return (comm.concurrent_groups and comm.rank_ordered_sums and grid.y >= 3
+            and dtype.is_floating and dtype.size >= 4)
+
+
 def pipeline_chunks(name: str, grid: TorusGrid, comm: Communicator, nbytes: int,
                     requested: Optional[int] = None, dtype: tf.DType = tf.float32) -> int:
     """How many chunks the torus cuts a buffer of `nbytes` of `dtype` into (1: no pipelining).
@@ -96,8 +112,9 @@ def pipeline_chunks(name: str, grid: TorusGrid, comm: Communicator, nbytes: int,
     they can overlap something: a torus with both a row and a column phase, spanning more than
     one host (on one host all phases share the same memory and cores), on an engine that runs
     collectives of different groups at the same time, and where they leave every bit of the
-    result as it is (not for a floating-point column of 3+ ranks summed at 32 or 64 bits: see
-    the module's docstring); then one chunk per MIN_CHUNK_BYTES, at most MAX_CHUNKS.
+    result as it is (a floating-point column of 3+ ranks summed at 32 or 64 bits only where it
+    is summed in rank order: see the module's docstring); then one chunk per MIN_CHUNK_BYTES, at
+    most MAX_CHUNKS.
     """
     if name != "torus":
         return 1
@@ -105,7 +122,8 @@ def pipeline_chunks(name: str, grid: TorusGrid, comm: Communicator, nbytes: int,
         return requested
     if grid.x == 1 or grid.y == 1 or comm.local_size >= comm.size or not comm.concurrent_groups:
         return 1
-    if grid.y >= 3 and dtype.is_floating and dtype.size >= 4:
+    if grid.y >= 3 and dtype.is_floating and dtype.size >= 4 and not ordered_column(
+            grid, comm, dtype):
         return 1
     return int(max(1, min(MAX_CHUNKS, nbytes // MIN_CHUNK_BYTES)))
 

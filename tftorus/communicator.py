@@ -73,10 +73,22 @@ class Communicator(abc.ABC):
             return tensor
         return self._all_gather(tensor, group, equal_sizes)
 
-    def _sum_16bit(self, tensor: tf.Tensor, group: Group) -> tf.Tensor:
-        """A 16-bit float sum as reduce-scatter (all-to-all, then an FP32 sum) + all-gather: the
-        bytes of a ring, with 32-bit sums. Both engines' CPU all-reduces sum FP16/BF16 in 16 bits
-        at each hop or one scalar at a time (docs/benchmarks.md)."""
+    @property
+    def rank_ordered_sums(self) -> bool:
+        """Whether `sum_in_rank_order` really sums in rank order: its reduce-scatter is the
+        all-to-all one, not an engine's native (NCCL) reduce-scatter with an order of its own."""
+        return getattr(self, "reduce_scatter_impl", "alltoall") == "alltoall"
+
+    def sum_in_rank_order(self, tensor: tf.Tensor, group: Sequence[int]) -> tf.Tensor:
+        """Sum over `group` as reduce-scatter (all-to-all, then a sum of at least FP32 in rank
+        order; on the tf engine in TF's member order, fixed too) + all-gather: the bytes of a ring
+        all-reduce, and every element summed in the same order wherever it sits in the buffer (an
+        engine's ring sums an element in an order set by its position). For 16-bit floats (both engines' CPU all-reduces sum them in 16 bits at
+        each hop or one scalar at a time, docs/benchmarks.md) and for the torus' FP32 columns of
+        3+ ranks where it pipelines chunks (algorithms.ordered_column)."""
+        group = self._check(group)
+        if len(group) == 1:
+            return tensor
         flat = tf.reshape(tensor, [-1])
         length = flat.shape[0] if flat.shape[0] is not None else tf.shape(flat)[0]
         padded = tf.pad(flat, [[0, (-length) % len(group)]])

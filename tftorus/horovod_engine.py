@@ -82,7 +82,7 @@ class HorovodCommunicator(Communicator):
     def _all_reduce(self, tensor, group, op):
         ps = self.process_set(group)
         if op == "sum" and tensor.dtype in (tf.float16, tf.bfloat16) and self.sum_16bit_in_fp32:
-            return self._sum_16bit(tensor, group)
+            return self.sum_in_rank_order(tensor, group)
         if tensor.dtype == tf.bfloat16:
             wide = hvd.allreduce(tf.cast(tensor, tf.float32), op=_HVD_OPS[op], process_set=ps)
             return tf.cast(wide, tf.bfloat16)

@@ -283,7 +283,7 @@ class TFCollectiveCommunicator(Communicator):
         if tensor.shape.num_elements() == 0:
             return tensor
         if op == "sum" and tensor.dtype in (tf.float16, tf.bfloat16):
-            return self._sum_16bit(tensor, group)
+            return self.sum_in_rank_order(tensor, group)
 
         def build():
             return collective_ops.all_reduce_v2(

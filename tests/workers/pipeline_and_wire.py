@@ -2,10 +2,11 @@
 that FP16/BF16 wire compression hands 16-bit tensors to the collectives.
 
 Chunks change no bit where every sum is taken in a fixed order: FP16/BF16 wires (their sums run
-as all-to-all plus an FP32 sum in rank order) and FP32 with columns of at most 2 ranks (a + b ==
-b + a). An FP32 column of 3 or more ranks is summed by the engine's ring, whose order for an
-element depends on where it sits in the buffer, so chunks may change the last bit there: those
-cases are held to FP32 rounding (1e-6 of the tensor's largest value) instead.
+as all-to-all plus an FP32 sum in rank order), FP32 with columns of at most 2 ranks (a + b ==
+b + a), and FP32 columns of 3 or more ranks on the tf engine, which sums them in rank order
+(algorithms.ordered_column). On Horovod such a column is summed by Gloo's ring, whose order for
+an element depends on where it sits in the buffer, so forced chunks may change the last bit
+there: those cases are held to FP32 rounding (1e-6 of the tensor's largest value) instead.
 
 The wire check runs the real engine: a subclass of the job's communicator records the dtype and
 element count of every tensor its collectives are given (after the group-of-one shortcut, so
@@ -17,7 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 import tftorus
-from tftorus import context
+from tftorus import algorithms, context
 
 
 def two_phase_grids(grids, size):
@@ -30,8 +31,9 @@ def check_chunks(label, inputs, grid, failures, compression=tftorus.Compression.
     """Chunked (2 and 3 chunks) against unchunked: bit for bit where the sums' order is fixed
     (see above), else within FP32 rounding. Returns the number of checks."""
     comm = context.communicator()
-    fixed_order = (compression is not tftorus.Compression.none
-                   or tftorus.resolve_grid(grid, comm.size).y <= 2)
+    torus_grid = tftorus.resolve_grid(grid, comm.size)
+    fixed_order = (compression is not tftorus.Compression.none or torus_grid.y <= 2
+                   or algorithms.ordered_column(torus_grid, comm, tf.float32))
     def run(chunks):
         def reduce(ts):
             return tftorus.fused_allreduce(ts, "sum", algorithm="torus", grid=grid,
