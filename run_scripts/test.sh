@@ -8,8 +8,8 @@
 #   bash run_scripts/test.sh --all           # both tiers
 #   bash run_scripts/test.sh tests/test_grid.py -k planner   # these tests, whatever their tier
 #
-# CI (.ci/run) runs both tiers. Measured from a fresh clone on 2 cores (2026-11-23): set-up
-# 3.2 min, the default tier 17.7 min, the slow tier 18.5 min (39.5 min in all).
+# CI (.ci/run) runs both tiers. Measured from a fresh clone on 2 cores (2026-11-24): the
+# default tier 18.5 min, the slow tier 20.6 min, 42.6 min in all with set-up.
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$repo/run_scripts/setup.sh"
