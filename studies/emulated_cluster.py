@@ -278,9 +278,9 @@ def phase_table(rows: List[Dict[str, str]]) -> str:
         ring = v["ring"]
         every = sum(v[p] for p in ROW_PHASES) if all(p in v for p in ROW_PHASES) else None
         one = sum(v[p] for p in ROW0_PHASES) if all(p in v for p in ROW0_PHASES) else None
-        cells = [v["torus"] / ring if "torus" in v else None, v["column all-reduce"] / ring,
-                 every / ring if every is not None else None, one / ring if one is not None else None,
-                 (v["column all-reduce"] + one) / ring if one is not None else None]
+        column = v["column all-reduce"]
+        cells = [v.get("torus"), column, every, one, None if one is None else column + one]
+        cells = [None if c is None else c / ring for c in cells]
         lines.append(f"| {workload} | " + " | ".join("" if c is None else f"{c:.3f}"
                                                      for c in cells) + " |")
     return "\n".join(lines) if len(lines) > 2 else ""
@@ -462,7 +462,8 @@ def run_cluster(args, hosts: int, rph: int, gbit: float, out: str) -> List[Dict[
     print(ratio_table(rows, byte_limit(hosts, rph)))
     phases = phase_table(rows)
     if phases:
-        print(f"\n== where the Horovod torus' time goes (byte limit {byte_limit(hosts, rph):.3f}) ==")
+        limit = byte_limit(hosts, rph)
+        print(f"\n== where the Horovod torus' time goes (byte limit {limit:.3f}) ==")
         print(phases)
     for path in plots(rows, out, title, gbit):
         print(f"plot: {path}")

@@ -96,12 +96,17 @@ def check_algorithm(name: str) -> str:
     return name
 
 
+def _ring_order_shows(grid: TorusGrid, dtype: tf.DType) -> bool:
+    """Whether an engine's ring all-reduce of the column can round an element differently with
+    its place in the buffer: floats summed at 32 or 64 bits over 3+ ranks."""
+    return grid.y >= 3 and dtype.is_floating and dtype.size >= 4
+
+
 def ordered_column(grid: TorusGrid, comm: Communicator, dtype: tf.DType) -> bool:
     """Whether the torus sums its column in rank order (Communicator.sum_in_rank_order) rather
     than with the engine's all-reduce: for FP32/FP64 columns of 3+ ranks on engines that
     pipeline chunks, so that chunks change no bit. The same with chunks or without."""
-    return (comm.concurrent_groups and comm.rank_ordered_sums and grid.y >= 3
-            and dtype.is_floating and dtype.size >= 4)
+    return comm.concurrent_groups and comm.rank_ordered_sums and _ring_order_shows(grid, dtype)
 
 
 def pipeline_chunks(name: str, grid: TorusGrid, comm: Communicator, nbytes: int,
@@ -122,8 +127,7 @@ def pipeline_chunks(name: str, grid: TorusGrid, comm: Communicator, nbytes: int,
         return requested
     if grid.x == 1 or grid.y == 1 or comm.local_size >= comm.size or not comm.concurrent_groups:
         return 1
-    if grid.y >= 3 and dtype.is_floating and dtype.size >= 4 and not ordered_column(
-            grid, comm, dtype):
+    if _ring_order_shows(grid, dtype) and not ordered_column(grid, comm, dtype):
         return 1
     return int(max(1, min(MAX_CHUNKS, nbytes // MIN_CHUNK_BYTES)))
 

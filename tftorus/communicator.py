@@ -18,6 +18,9 @@ class Communicator(abc.ABC):
 
     #: short name used in benchmarks, logs and errors
     engine = "abstract"
+    #: how the engine reduce-scatters: 'alltoall' (all-to-all, then a sum in rank order) or
+    #: 'native' (the engine's own; see choose_reduce_scatter)
+    reduce_scatter_impl = "alltoall"
     #: Whether collectives of different groups (a row's and a column's) can be in flight at the
     #: same time in one process: what the torus' chunk pipeline needs to overlap its phases.
     concurrent_groups = False
@@ -77,15 +80,16 @@ class Communicator(abc.ABC):
     def rank_ordered_sums(self) -> bool:
         """Whether `sum_in_rank_order` really sums in rank order: its reduce-scatter is the
         all-to-all one, not an engine's native (NCCL) reduce-scatter with an order of its own."""
-        return getattr(self, "reduce_scatter_impl", "alltoall") == "alltoall"
+        return self.reduce_scatter_impl == "alltoall"
 
     def sum_in_rank_order(self, tensor: tf.Tensor, group: Sequence[int]) -> tf.Tensor:
         """Sum over `group` as reduce-scatter (all-to-all, then a sum of at least FP32 in rank
         order; on the tf engine in TF's member order, fixed too) + all-gather: the bytes of a ring
         all-reduce, and every element summed in the same order wherever it sits in the buffer (an
-        engine's ring sums an element in an order set by its position). For 16-bit floats (both engines' CPU all-reduces sum them in 16 bits at
-        each hop or one scalar at a time, docs/benchmarks.md) and for the torus' FP32 columns of
-        3+ ranks where it pipelines chunks (algorithms.ordered_column)."""
+        engine's ring sums an element in an order set by its position). For 16-bit floats (both
+        engines' CPU all-reduces sum them in 16 bits at each hop or one scalar at a time,
+        docs/benchmarks.md) and for the torus' FP32 columns of 3+ ranks where it pipelines
+        chunks (algorithms.ordered_column)."""
         group = self._check(group)
         if len(group) == 1:
             return tensor
