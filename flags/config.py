@@ -120,7 +120,8 @@ def define_flags():
     d.DEFINE_integer("reference_batch", 32768, "total batch at which momentum is 0.9 (config B)")
     d.DEFINE_float("lr_scale", None, "multiply the LR schedule; default 1 / --batch_divisor "
                    "(the paper's values at the paper's batches)")
-    d.DEFINE_enum("algorithm", "torus", ["torus", "ring", "hierarchical"], "gradient all-reduce")
+    d.DEFINE_enum("algorithm", "auto", ["auto", "torus", "ring", "hierarchical"],
+                  "gradient all-reduce (auto: by topology and size, see tftorus.algorithms.choose)")
     d.DEFINE_enum("engine", "horovod", ["horovod", "tf"],
                   "collectives under the all-reduce: Horovod process sets, or TensorFlow's own "
                   "collective ops (also on TF_CONFIG clusters without horovodrun)")
@@ -136,7 +137,7 @@ def define_flags():
     d.DEFINE_string("grid", "auto", "torus grid: auto, paper, or YxX (rows x row length)")
     d.DEFINE_enum("compression", "fp16", ["none", "fp16", "bf16"],
                   "gradient wire format (paper: fp16)")
-    d.DEFINE_float("fusion_threshold_mb", 128.0, "largest fused gradient buffer in MiB")
+    d.DEFINE_float("fusion_threshold_mb", 16.0, "largest fused gradient buffer (bucket) in MiB")
     d.DEFINE_integer("bn_stat_batches", 10, "training batches per worker for BN statistics")
     d.DEFINE_float("eval_every", 1.0, "epochs between evaluations")
     d.DEFINE_string("model_dir", None, "checkpoints, TensorBoard and config (default: runs/exp<N>)")

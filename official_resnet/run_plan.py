@@ -69,6 +69,8 @@ def plan_table(*, experiment, plans: List[batch_plan.PhasePlan], schedule, data:
     from tftorus import cost_model
     from tftorus.grid import resolve_grid
 
+    # On the paper's cluster (many hosts) 'auto' sends ResNet-50's gradient buffers by the torus.
+    algorithm = "torus" if algorithm == "auto" else algorithm
     topology = cost_model.abci_topology()
     costs = cost_model.CostModel(cost_model.abci_params(), topology)
     nbytes = (cost_model.RESNET50_PARAMS * WIRE_BYTES[compression]

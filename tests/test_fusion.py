@@ -26,14 +26,26 @@ class FusionTest(tf.test.TestCase):
     def test_buckets_hold_one_dtype_and_respect_the_threshold(self):
         ts = self.tensors()
         buckets = fusion.plan_buckets(ts)
-        self.assertEqual([b.dtype for b in buckets], [tf.float32, tf.int32, tf.float16])
-        self.assertEqual(buckets[0].indices, (0, 1, 2))
+        self.assertEqual([b.dtype for b in buckets], [tf.float16, tf.int32, tf.float32])
+        self.assertEqual(buckets[-1].indices, (0, 1, 2))
         small = fusion.plan_buckets(ts, threshold_bytes=16)
         for b in small:
             self.assertTrue(b.nbytes <= 16 or len(b.indices) == 1, b)
         self.assertCountEqual([i for b in small for i in b.indices], range(len(ts)))
         unfused = fusion.plan_buckets(ts, threshold_bytes=0)
         self.assertEqual(len(unfused), len(ts))
+
+    def test_buckets_fill_in_ready_order(self):
+        # A backward pass makes the last variables' gradients first: the first bucket holds the
+        # list's tail, so its collectives can start before the head's gradients exist.
+        layers = [tf.zeros([n]) for n in (4, 4, 4, 4, 4, 4)]  # 16 bytes each
+        buckets = fusion.plan_buckets(layers, threshold_bytes=40)
+        self.assertEqual([b.indices for b in buckets], [(4, 5), (2, 3), (0, 1)])
+        # The default threshold splits ResNet-50's 98 MiB of FP32 gradients into several buckets.
+        self.assertLess(fusion.DEFAULT_THRESHOLD_BYTES, 25 * 2 ** 20)
+        # Only shapes and dtypes decide the plan: other values, the same plan on every rank.
+        again = fusion.plan_buckets([tf.ones([n]) * 7 for n in (4, 4, 4, 4, 4, 4)], 40)
+        self.assertEqual(buckets, again)
 
     def test_unknown_shapes_and_negative_threshold_are_errors(self):
         with self.assertRaisesRegex(ValueError, "fusion threshold"):

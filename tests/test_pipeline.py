@@ -118,3 +118,28 @@ class ChunkPolicyTest(tf.test.TestCase):
 
 if __name__ == "__main__":
     tf.test.main()
+
+
+class AutoAlgorithmTest(tf.test.TestCase):
+    """`algorithm='auto'`: what each world and buffer size gets (algorithms.choose)."""
+
+    def choose(self, grid, size, local, nbytes):
+        return algorithms.choose("auto", parse_grid(grid, size), FakeWorld(size, local), nbytes)
+
+    def test_one_host_gets_the_engines_own_all_reduce(self):
+        self.assertEqual(self.choose("2x2", 4, 4, 64 * MIB), "ring")
+        self.assertEqual(self.choose("2x4", 8, 8, 64 * MIB), "ring")
+
+    def test_across_hosts_large_buffers_take_the_torus_small_ones_one_all_reduce(self):
+        self.assertEqual(self.choose("2x2", 4, 2, 16 * MIB), "torus")
+        self.assertEqual(self.choose("2x4", 8, 4, algorithms.SMALL_BUFFER_BYTES), "torus")
+        self.assertEqual(self.choose("2x4", 8, 4, algorithms.SMALL_BUFFER_BYTES - 1), "ring")
+        self.assertEqual(self.choose("1x8", 8, 4, 64 * MIB), "ring")  # the torus is a ring there
+        self.assertEqual(self.choose("8x1", 8, 4, 64 * MIB), "ring")
+
+    def test_a_named_algorithm_is_taken_as_given(self):
+        for name in ("torus", "ring", "hierarchical"):
+            self.assertEqual(algorithms.choose(name, parse_grid("2x2", 4), FakeWorld(4, 4), 1), name)
+        with self.assertRaisesRegex(ValueError, "unknown all-reduce algorithm 'tree'.*'auto'"):
+            tftorus.TorusOptions(algorithm="tree")
+        self.assertEqual(tftorus.TorusOptions().algorithm, "auto")

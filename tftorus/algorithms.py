@@ -9,6 +9,10 @@ sum over the world. They differ in which groups carry which bytes:
   hierarchical  all-reduce inside a node (row, X = ranks per node), then all-reduce of the
                 *whole* buffer across nodes (column): the middle step moves X times the torus'.
 
+`auto` (the optimizers' default) picks one of them per fused buffer by topology and size
+(`choose`): the engine's own all-reduce on one host and for small buffers, the torus across
+hosts. The choice reads only what every rank knows alike, so every rank picks the same.
+
 Pipelining (torus only). The three phases of one buffer run one after the other, so while the
 column phase is on the network the row links sit idle and the other way round. Cut into K
 chunks, chunk k+1's row reduce-scatter (and chunk k-1's all-gather) can run while chunk k's
@@ -90,10 +94,39 @@ ALGORITHMS: Dict[str, Callable[[Communicator, TorusGrid, tf.Tensor], tf.Tensor]]
 }
 
 
+AUTO = "auto"
+
+#: Below this, `auto` sends a buffer as one all-reduce even across hosts: the torus' three
+#: collectives in turn cost three latencies where one pays, and a small buffer's bytes are not
+#: what limits it.
+SMALL_BUFFER_BYTES = 256 << 10
+
+
 def check_algorithm(name: str) -> str:
-    if name not in ALGORITHMS:
-        raise ValueError(f"unknown all-reduce algorithm {name!r}; choose one of {sorted(ALGORITHMS)}")
+    if name != AUTO and name not in ALGORITHMS:
+        raise ValueError(f"unknown all-reduce algorithm {name!r}; choose one of "
+                         f"{[AUTO] + sorted(ALGORITHMS)}")
     return name
+
+
+def choose(name: str, grid: TorusGrid, comm: Communicator, nbytes: int) -> str:
+    """The algorithm a fused buffer of `nbytes` goes by: `name` itself, or for 'auto':
+
+      one host (every rank on it)         -> 'ring': the engine's own all-reduce; the torus only
+                                             adds steps where no slow link is to be spared
+      a grid with one row or one column   -> 'ring': the torus would be a ring anyway
+      a buffer under SMALL_BUFFER_BYTES   -> 'ring': latency, not bytes, limits it
+      otherwise                           -> 'torus': its column phase alone crosses the hosts,
+                                             with 1/X of the buffer per rank
+
+    Everything read here (world and host sizes, the grid, the buffer's static size) is the same
+    on every rank, so all ranks choose alike; the consistency check compares the choices too.
+    """
+    if name != AUTO:
+        return name
+    if comm.local_size >= comm.size or grid.x == 1 or grid.y == 1:
+        return "ring"
+    return "ring" if nbytes < SMALL_BUFFER_BYTES else "torus"
 
 
 def _ring_order_shows(grid: TorusGrid, dtype: tf.DType) -> bool:

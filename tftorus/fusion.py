@@ -1,9 +1,18 @@
-"""Tensor fusion: many gradients -> a few flat buffers -> back.
+"""Tensor fusion: many gradients -> a few flat buffers (buckets) -> back.
 
 One collective per buffer instead of one per tensor amortises the per-operation latency that
 dominates small gradients (ResNet-50 has 161 of them, most under 1 MiB). Buffers hold one dtype,
-keep the caller's order, stop at a byte threshold (Horovod's default: 128 MiB), and are padded
-with zeros to a multiple of the row length so the torus reduce-scatter splits them evenly.
+stop at a byte threshold, and are padded with zeros to a multiple of the row length so the torus
+reduce-scatter splits them evenly.
+
+Buckets are filled in the order gradients become ready: a backward pass produces the last
+layer's gradients first, so the plan walks the caller's list (the variables' forward order)
+backwards. Inside a TF graph an op runs as soon as its inputs exist, so a bucket's collectives,
+which depend only on that bucket's gradients, go out while the earlier layers are still being
+differentiated; one buffer of every gradient could leave only after the whole backward pass.
+The threshold (16 MiB by default) trades that overlap against the fixed cost of each bucket's
+collectives (a few ms each); ResNet-50's 98 MiB of FP32 gradients make 7 buckets. The plan
+depends only on the tensors' shapes and dtypes, so it is the same on every rank.
 """
 import dataclasses
 from typing import List, Sequence, Tuple
@@ -11,7 +20,7 @@ from typing import List, Sequence, Tuple
 import numpy as np
 import tensorflow as tf
 
-DEFAULT_THRESHOLD_BYTES = 128 * 1024 * 1024
+DEFAULT_THRESHOLD_BYTES = 16 * 1024 * 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,21 +57,30 @@ def static_shape(tensor: tf.Tensor, what: str = "tensor") -> Tuple[int, ...]:
 
 def plan_buckets(tensors: Sequence[tf.Tensor],
                  threshold_bytes: int = DEFAULT_THRESHOLD_BYTES) -> List[Bucket]:
-    """Group tensors into buckets of one dtype and at most `threshold_bytes` (0: no fusion)."""
+    """Group tensors into buckets of one dtype and at most `threshold_bytes` (0: no fusion; a
+    larger tensor gets a bucket of its own), in ready order: the list is walked from its end, a
+    bucket closes when the next tensor would overflow it, and buckets come out in the order they
+    close. Inside a bucket the tensors keep the caller's order."""
     if threshold_bytes < 0:
         raise ValueError(f"fusion threshold must be >= 0 bytes, got {threshold_bytes}")
-    open_buckets = {}  # dtype -> (indices, shapes, bytes) being filled
+    open_buckets = {}  # dtype -> (indices, shapes, bytes) being filled, newest tensor first
     done = []
-    for i, t in enumerate(tensors):
+
+    def close(dtype):
+        indices, shapes, _ = open_buckets.pop(dtype)
+        done.append(Bucket(indices, shapes, dtype))
+
+    for i in reversed(range(len(tensors))):
+        t = tensors[i]
         shape, dtype = static_shape(t, f"tensor #{i}"), t.dtype
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.size
+        if dtype in open_buckets and open_buckets[dtype][2] + nbytes > threshold_bytes:
+            close(dtype)
         indices, shapes, used = open_buckets.get(dtype, ((), (), 0))
-        if indices and used + nbytes > threshold_bytes:
-            done.append(Bucket(indices, shapes, dtype))
-            indices, shapes, used = (), (), 0
-        open_buckets[dtype] = (indices + (i,), shapes + (shape,), used + nbytes)
-    done.extend(Bucket(ix, sh, dt) for dt, (ix, sh, _) in open_buckets.items())
-    return sorted(done, key=lambda b: b.indices[0])  # same order on every rank
+        open_buckets[dtype] = ((i,) + indices, (shape,) + shapes, used + nbytes)
+    for dtype in list(open_buckets):  # the rest, in the order their dtypes first appeared
+        close(dtype)
+    return done
 
 
 def pack(tensors: Sequence[tf.Tensor], bucket: Bucket, align: int = 1) -> tf.Tensor:

@@ -1,8 +1,13 @@
 """Fused, checked all-reduce of a list of tensors: what a training step's gradients go through.
 
-    tensors -> check dtypes -> prescale -> compress -> fuse into buckets -> cross-rank check
-            -> algorithm (torus / ring / hierarchical) per bucket -> unfuse -> decompress
+    tensors -> check dtypes -> prescale -> compress -> fuse into buckets (in the order a
+            backward pass makes gradients) -> cross-rank check -> algorithm (torus / ring /
+            hierarchical, or chosen per bucket by 'auto') per bucket -> unfuse -> decompress
             -> postscale
+
+Nothing here joins the buckets: each bucket's collectives depend on its own tensors only, so in
+a training step's graph the first bucket is on the wire while earlier layers still compute
+their gradients (fusion.py).
 
 `make_allreduce_grads_fn` wraps it with Horovod's gradient conventions (None gradients,
 IndexedSlices, Average/Sum with a predivide factor, groups) so Horovod's own optimizer and tape
@@ -32,7 +37,7 @@ _OPS = {hvd.Average: "average", hvd.Sum: "sum"}
 class TorusOptions:
     """The knobs tftorus adds to Horovod's optimizer arguments."""
 
-    algorithm: str = "torus"  # 'torus', 'ring' or 'hierarchical'
+    algorithm: str = "auto"  # 'auto' (per buffer: algorithms.choose), 'torus', 'ring', 'hierarchical'
     grid: GridSpec = None  # None: the grid given to tftorus.init()
     fusion_threshold_bytes: int = fusion.DEFAULT_THRESHOLD_BYTES
     check_consistency: bool = True  # one tiny all-reduce per step: mismatched ranks fail, not hang
@@ -130,6 +135,8 @@ def fused_allreduce(tensors: Sequence[tf.Tensor], op="sum", *, algorithm: str = 
                     torus_grid: Optional[TorusGrid] = None) -> List[tf.Tensor]:
     """All-reduce dense tensors over every rank; returns them in order and shape.
 
+    algorithm: 'torus', 'ring', 'hierarchical', or 'auto' (chosen per fused buffer by topology
+    and size: algorithms.choose).
     op: 'sum' or 'average' (or hvd.Sum / hvd.Average). Average divides by the world size after
     the sum (and after `postscale_factor`); for integers it truncates toward zero, as Horovod.
     engine: 'horovod' or 'tf' (None: the one tftorus.init() started).
@@ -156,29 +163,34 @@ def fused_allreduce(tensors: Sequence[tf.Tensor], op="sum", *, algorithm: str = 
         wire.append(w)
         ctxs.append(ctx)
     buckets = fusion.plan_buckets(wire, fusion_threshold_bytes)
-    reduce = algorithms.ALGORITHMS[algorithm]
+    chosen = [algorithms.choose(algorithm, torus_grid, comm, b.nbytes) for b in buckets]
     checks = []
     if check_consistency and comm.size > 1:
-        signature = f"{algorithm}|{torus_grid}|{op}|" + ";".join(
-            f"{b.dtype.name}{b.shapes}" for b in buckets)
+        signature = f"{torus_grid}|{op}|" + ";".join(
+            f"{name}:{b.dtype.name}{b.shapes}" for name, b in zip(chosen, buckets))
         checks = [c for c in [_consistency_check(comm, buckets, signature)] if c is not None]
     out: List[Optional[tf.Tensor]] = [None] * len(tensors)
     with tf.control_dependencies(checks):
-        for bucket in buckets:
-            if bucket.length == 0:  # nothing to send: every rank agrees (checked above)
-                pieces = [tf.reshape(wire[i], s) for i, s in zip(bucket.indices, bucket.shapes)]
-            else:
-                chunks = algorithms.pipeline_chunks(algorithm, torus_grid, comm, bucket.nbytes,
-                                                    pipeline_chunks, bucket.dtype)
-                packed = fusion.pack(wire, bucket, algorithms.alignment(algorithm, torus_grid,
-                                                                        chunks))
-                flat = (reduce(comm, torus_grid, packed) if chunks == 1 else
-                        algorithms.torus_allreduce(comm, torus_grid, packed, chunks))
-                pieces = fusion.unpack(flat, bucket)
+        for k, (name, bucket) in enumerate(zip(chosen, buckets)):  # in ready order
+            with tf.name_scope(f"bucket{k}"):  # names a bucket's ops in traces and timelines
+                pieces = _reduce_bucket(comm, torus_grid, name, wire, bucket, pipeline_chunks)
             for i, piece in zip(bucket.indices, pieces):
                 out[i] = _finish(compression.decompress(piece, ctxs[i]), postscale_factor,
                                  comm.size if op == "average" else 1)
     return out
+
+
+def _reduce_bucket(comm: Communicator, grid: TorusGrid, algorithm: str, wire, bucket,
+                   pipeline_chunks: Optional[int]) -> List[tf.Tensor]:
+    """One bucket: pack its tensors, sum them over the world with `algorithm`, cut them apart."""
+    if bucket.length == 0:  # nothing to send: every rank agrees (checked before)
+        return [tf.reshape(wire[i], s) for i, s in zip(bucket.indices, bucket.shapes)]
+    chunks = algorithms.pipeline_chunks(algorithm, grid, comm, bucket.nbytes, pipeline_chunks,
+                                        bucket.dtype)
+    packed = fusion.pack(wire, bucket, algorithms.alignment(algorithm, grid, chunks))
+    flat = (algorithms.ALGORITHMS[algorithm](comm, grid, packed) if chunks == 1 else
+            algorithms.torus_allreduce(comm, grid, packed, chunks))
+    return fusion.unpack(flat, bucket)
 
 
 def _partition(grads, vars, groups) -> List[List[int]]:
@@ -266,6 +278,8 @@ def make_allreduce_grads_fn(name: str, compression, sparse_as_dense: bool, op,
                     out[i] = reduced
             return out
 
+    # Called inside a traced step the nested function is inlined: each bucket's ops still wait
+    # for their own gradients only (tests/workers/overlap.py sees the overlap either way).
     return tf.function(allreduce_grads) if tf.executing_eagerly() else allreduce_grads
 
 

@@ -1,0 +1,30 @@
+"""Gradient buckets leave while the backward pass still runs, on both engines (real jobs).
+
+tests/workers/overlap.py says how it is seen: two clocks inside the training step's graph, and a
+one-bucket control run that must show no overlap, so the check can fail.
+"""
+import re
+
+import tensorflow as tf
+
+from tests import harness
+
+
+class OverlapTest(tf.test.TestCase):
+
+    def check(self, engine):
+        result = harness.run([harness.worker("overlap.py"), engine], np=4, timeout=240)
+        self.assertEqual(result.returncode, 0, harness.describe(result))
+        counts = [int(c) for c in re.findall(r"overlap: (\d+) checks, 0 failed", result.output)]
+        self.assertEqual(len(counts), 4, harness.describe(result))
+        self.assertTrue(min(counts) >= 5, harness.describe(result))
+
+    def test_horovod_engine(self):
+        self.check("horovod")
+
+    def test_tf_engine(self):
+        self.check("tf")
+
+
+if __name__ == "__main__":
+    tf.test.main()
