@@ -140,27 +140,38 @@ class RecipeModel(tf.keras.Model):
                                           self.label_smoothing)
             scaled = self.optimizer.get_scaled_loss(loss) if self._loss_scaled() else loss
         grads = tape.gradient(scaled, variables)
-        for total, g in zip(step.grads, grads):
-            total.assign_add(tf.convert_to_tensor(g))
-        step.loss_sum.assign_add(loss)
+        # This micro-batch's sums, each read as soon as its gradient exists (the accumulators
+        # were last written before this step), so on the k-th micro-batch each fused bucket of
+        # the all-reduce leaves while earlier layers still differentiate.
+        totals = [total + tf.convert_to_tensor(g) for total, g in zip(step.grads, grads)]
+        loss_total = step.loss_sum + loss
         step.in_update.assign_add(1)
         step.top1.update_state(100.0 * correct_count(labels, logits)
                                / tf.cast(tf.shape(labels)[0], tf.float32))
-        tf.cond(tf.equal(step.in_update, step.accumulation), self._update,
-                lambda: tf.constant(False))
+
+        def accumulate():
+            for total, value in zip(step.grads, totals):
+                total.assign(value)
+            step.loss_sum.assign(loss_total)
+            return tf.constant(False)
+
+        tf.cond(tf.equal(step.in_update, step.accumulation),
+                lambda: self._update(totals, loss_total), accumulate)
         return {m.name: m.result() for m in self.metrics}
 
-    def _update(self):
+    def _reduce(self, grads: List[tf.Tensor], loss: tf.Tensor):
+        """The mean gradient and loss over the workers: one fused all-reduce, the loss riding
+        along, so every worker sees the global mean loss and a non-finite one at the same
+        update."""
+        reduced = reduce_gradients(self.optimizer, grads + [tf.reshape(loss, [1])],
+                                   list(self.trainable_variables) + [None])
+        return reduced[:-1], tf.reshape(reduced[-1], [])
+
+    def _update(self, totals: List[tf.Tensor], loss_total: tf.Tensor):
         """The k-th micro-batch: reduce the mean gradient and the loss, check, apply or skip."""
         step, variables = self._step, self.trainable_variables
         k = tf.cast(step.accumulation, tf.float32)
-        grads = [g / tf.cast(k, g.dtype) for g in step.grads]
-        loss = step.loss_sum / k
-        # The loss rides in the gradient all-reduce: every worker sees the global mean loss,
-        # and a non-finite one at the same update.
-        reduced = reduce_gradients(self.optimizer, grads + [tf.reshape(loss, [1])],
-                                   list(variables) + [None])
-        grads, loss = reduced[:-1], tf.reshape(reduced[-1], [])
+        grads, loss = self._reduce([g / tf.cast(k, g.dtype) for g in totals], loss_total / k)
         if self._loss_scaled():
             grads = self.optimizer.get_unscaled_gradients(grads)
         finite = all_finite(grads + [loss])

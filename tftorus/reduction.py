@@ -278,9 +278,17 @@ def make_allreduce_grads_fn(name: str, compression, sparse_as_dense: bool, op,
                     out[i] = reduced
             return out
 
-    # Called inside a traced step the nested function is inlined: each bucket's ops still wait
-    # for their own gradients only (tests/workers/overlap.py sees the overlap either way).
-    return tf.function(allreduce_grads) if tf.executing_eagerly() else allreduce_grads
+    # Called eagerly (a tape outside tf.function), the reduction runs as a graph of its own.
+    # Called inside a traced step, its ops go straight into the step's graph: as a nested
+    # tf.function call the tf engine's collectives waited for every gradient (measured with
+    # tests/workers/overlap.py; Horovod's ops overlapped either way).
+    eager_fn = tf.function(allreduce_grads)
+
+    def reduce_in_place(grads, vars=None, use_generic_names=False):
+        fn = eager_fn if tf.executing_eagerly() else allreduce_grads
+        return fn(grads, vars, use_generic_names)
+
+    return reduce_in_place
 
 
 def gradient_reducer(op=hvd.Average, compression=Compression.none, *,

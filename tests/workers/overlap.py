@@ -15,7 +15,9 @@ With buckets in ready order, `back` comes before `ready` on every rank: the last
 crossed all ranks while every rank was still in its slow backward. With one bucket of every
 gradient (fusion threshold above the model's size) `back` must come after `ready`: the control
 run, which shows the check can fail. The step is Keras' own minimize, split in its two halves
-(optimizer.compute_gradients, which reduces, then apply_gradients), inside model.fit.
+(optimizer.compute_gradients, which reduces, then apply_gradients), inside model.fit; then the
+recipe's accumulating step (official_resnet.recipe_model), whose one reduction per update should
+overlap the backward pass of the update's last micro-batch.
 
 Also checked: every rank plans the same buckets and algorithms (gathered and compared). That
 the reduced values are right is checked elsewhere (allreduce_check.py, gradient_semantics.py).
@@ -36,6 +38,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import tftorus.keras  # noqa: E402
+from official_resnet.recipe_model import RecipeModel  # noqa: E402
 from tftorus import algorithms, context, fusion, world  # noqa: E402
 from tests.workers.report import finish  # noqa: E402
 
@@ -79,7 +82,16 @@ class Probe(tf.keras.Model):
         return {"loss": loss}
 
 
-def build():
+class RecipeProbe(RecipeModel):
+    """The recipe's accumulating step, with the clock on its one reduction per update."""
+
+    def _reduce(self, grads, loss):
+        grads, loss = super()._reduce(grads, loss)
+        grads[-2] = stamp("back", grads[-2])
+        return grads, loss
+
+
+def build(cls=Probe):
     tf.keras.utils.set_random_seed(1)
     inputs = tf.keras.Input([64])
     h = tf.keras.layers.Dense(256, name="first")(inputs)
@@ -87,7 +99,7 @@ def build():
     for i in range(4):
         h = tf.keras.layers.Dense(256, activation="tanh", name=f"mid{i}")(h)
     outputs = tf.keras.layers.Dense(10, name="last")(h)
-    return Probe(inputs, outputs)
+    return cls(inputs, outputs)
 
 
 def run(threshold_bytes):
@@ -106,6 +118,23 @@ def run(threshold_bytes):
     return model, [b - r for r, b in zip(clock["ready"], clock["back"])]
 
 
+def run_recipe(accumulation=2):
+    """The recipe's step, `accumulation` micro-batches per update; per update, back - ready of
+    its last micro-batch (whose backward pass the update's all-reduce can overlap)."""
+    for v in clock.values():
+        v.clear()
+    model = build(RecipeProbe)
+    model.compile(optimizer=tftorus.keras.DistributedOptimizer(
+        tf.keras.optimizers.SGD(0.01), algorithm="torus", fusion_threshold_bytes=64 << 10))
+    model.accumulation.assign(accumulation)
+    rank = world.rank()
+    x = tf.random.stateless_normal([16, 64], seed=[rank, 1])
+    ds = tf.data.Dataset.from_tensors((x, tf.constant(np.arange(16) % 10))).repeat()
+    model.fit(ds, steps_per_epoch=accumulation * STEPS, verbose=0)
+    last_micro = clock["ready"][accumulation - 1::accumulation]
+    return [b - r for r, b in zip(last_micro, clock["back"])]
+
+
 def every_rank(per_step) -> np.ndarray:
     """[step][rank] from this rank's list of per-step values."""
     mine = tf.one_hot(world.rank(), world.size(), dtype=tf.float64)[None, :] * \
@@ -117,18 +146,23 @@ def main():
     rank, failures, checks = world.rank(), [], 0
     model, overlap = run(threshold_bytes=64 << 10)  # several buckets, ready order
     _, joined = run(threshold_bytes=1 << 30)  # one bucket: the control
-    overlap, joined = every_rank(overlap), every_rank(joined)
+    recipe = run_recipe()
+    overlap, joined, recipe = every_rank(overlap), every_rank(joined), every_rank(recipe)
     # Steps after the first (which traces and warms up). Without overlap no rank can have a
     # bucket back before every rank's backward pass is over, so back - ready > 0 on every rank.
     # With it the bucket is back while the slowest rank (the last to finish its backward) is
     # still in its slow layer: below 0 there. (Ranks share two cores, so which rank is slowest
     # varies; the clock is the machine's, the same for every rank.)
     for step in range(1, STEPS):
-        checks += 2
+        checks += 3
         if not overlap[step].min() < 0:
             failures.append(f"{ENGINE}: step {step}: back - ready per rank "
                             f"{np.round(overlap[step], 3).tolist()} s; the last layer's bucket "
                             f"should be back before some rank's backward pass ends")
+        if not recipe[step].min() < 0:
+            failures.append(f"{ENGINE}: the recipe's step, update {step}: back - ready per rank "
+                            f"{np.round(recipe[step], 3).tolist()} s; the last layer's bucket "
+                            f"should be back before some rank's last backward pass ends")
         if not joined[step].min() > 0:
             failures.append(f"{ENGINE}: control (one bucket), step {step}: back - ready per rank "
                             f"{np.round(joined[step], 3).tolist()} s; expected > 0 on every rank")
@@ -144,7 +178,8 @@ def main():
         failures.append(f"{ENGINE}: ranks planned different buckets: {digests.numpy()}")
     if rank == 0:
         print(f"back - ready, seconds, [step][rank]: ready order {np.round(overlap, 3).tolist()}, "
-              f"one bucket {np.round(joined, 3).tolist()}; {len(plan)} buckets", flush=True)
+              f"one bucket {np.round(joined, 3).tolist()}, recipe {np.round(recipe, 3).tolist()}; "
+              f"{len(plan)} buckets", flush=True)
     finish(rank, checks, failures, f"{ENGINE} overlap: ")
 
 
