@@ -229,7 +229,9 @@ def make_allreduce_grads_fn(name: str, compression, sparse_as_dense: bool, op,
     check_compression(compression)
     if gradient_predivide_factor <= 0:
         raise ValueError(f"gradient_predivide_factor must be > 0, got {gradient_predivide_factor}")
-    if not context.is_whole_world(process_set) and options.algorithm != "ring":
+    # A sub-set of ranks has no grid: 'auto' takes Horovod's all-reduce on it, as 'ring' does.
+    flat_on_subset = options.algorithm in ("ring", algorithms.AUTO)
+    if not context.is_whole_world(process_set) and not flat_on_subset:
         raise ValueError(
             "tftorus lays its grid over all ranks; for a sub-set of ranks use "
             "algorithm='ring' (Horovod's all-reduce on that process set) or hvd.DistributedOptimizer")
@@ -242,7 +244,7 @@ def make_allreduce_grads_fn(name: str, compression, sparse_as_dense: bool, op,
     post = gradient_predivide_factor / set_size if op == "average" else 1.0
 
     def reduce_dense(dense):
-        if group and options.algorithm == "ring":  # a sub-set: Horovod's ring on that set
+        if group and flat_on_subset:  # a sub-set: Horovod's ring on that set
             out = []
             for t in dense:
                 wire, ctx = compression.compress(_scale(t, pre))
