@@ -80,6 +80,30 @@ def check_case(label, inputs, wire_dtype, integer_valued, **kwargs):
             failures.append(f"{label} shape={shape}: dtype {o.dtype.name} != {t.dtype.name}")
 
 
+def check_fp16_pairs(grids, rank):
+    """An FP16 sum over two ranks (Horovod's all-reduce on the engine: a world or a column of 2)
+    has the bits of the FP32 sum rounded once to FP16, as over 3+ ranks (summed in rank order)."""
+    global checks
+    comm = tftorus.context.communicator(None)
+    groups = {tuple(range(comm.size))} if comm.size == 2 else set()
+    for spec in grids:
+        y, x = (int(v) for v in spec.split("x"))
+        if y == 2:
+            groups.add(tuple(sorted({rank % x, rank % x + x})))
+    rng = np.random.RandomState(rank)
+    # magnitudes apart by up to 2^12, so most pair sums round
+    mine = (rng.standard_normal(4096) * 2.0 ** rng.randint(-6, 7, 4096)).astype(np.float16)
+    for group in sorted(groups):
+        got = comm.all_reduce(tf.constant(mine), group).numpy()
+        both = hvd.allgather(tf.constant(mine[None])).numpy()[list(group)]
+        want = (both[0].astype(np.float32) + both[1].astype(np.float32)).astype(np.float16)
+        checks += 1
+        differ = int(np.sum(got.view(np.uint16) != want.view(np.uint16)))
+        if differ:
+            failures.append(f"fp16 pair sum over {group}: {differ} of {got.size} elements differ "
+                            f"in their bits from the FP32 sum rounded to FP16")
+
+
 def main():
     global checks
     parser = argparse.ArgumentParser()
@@ -115,6 +139,7 @@ def main():
         checks += pipeline_and_wire.check_chunks("chunks fp16-wire", inputs, grid, failures,
                                                  tftorus.Compression.fp16, in_function=True)
     checks += pipeline_and_wire.check_wire(two_phase[0] if two_phase else None, rank, failures)
+    check_fp16_pairs(grids, rank)
     # Average, as Horovod defines it (integers truncate).
     for dtype in (tf.float32, tf.int32):
         t = tf.cast(tf.range(-7, 8) * (rank + 1), dtype)
