@@ -15,6 +15,8 @@ processes:
   torus, ring, hierarchical   the same with algorithm= forced
   compute   the plain optimizer, no reduction: the compute alone, with every rank at work
 
+--fusion-mb sets tftorus' bucket size for its variants (Horovod's optimizer keeps its own).
+
 For every variant also the all-reduce alone: its optimizer's reduction (`_allreduce_grads`, what
 its compute_gradients calls) on gradient-shaped tensors, with no forward or backward pass.
 Each repeat runs the variants in a rotated order; a variant's time is the slowest rank's median
@@ -41,12 +43,14 @@ FIELDS = ("hosts", "ranks_per_host", "link_gbit", "wire", "repeat", "variant", "
 
 
 def topology(text: str):
+    """HOSTSxRANKS_PER_HOST as emulated_cluster reads it, both at least 1."""
     try:
-        hosts, rph = (int(v) for v in text.lower().split("x"))
-        assert hosts >= 1 and rph >= 1
-    except (ValueError, AssertionError):
+        hosts, rph = cluster.topology(text)
+    except argparse.ArgumentTypeError:
+        hosts = rph = 0
+    if hosts < 1 or rph < 1:
         raise argparse.ArgumentTypeError(
-            f"--clusters takes HOSTSxRANKS_PER_HOST, e.g. 2x2, got {text!r}") from None
+            f"--clusters takes HOSTSxRANKS_PER_HOST, e.g. 2x2, got {text!r}")
     return hosts, rph
 
 
@@ -61,6 +65,8 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=2, help="untimed steps before them")
     p.add_argument("--batch", type=int, default=4, help="images per rank and step")
     p.add_argument("--image-size", type=int, default=32)
+    p.add_argument("--fusion-mb", type=float, default=None,
+                   help="tftorus' bucket size (fusion_threshold_bytes) in MiB; default: its own")
     p.add_argument("--out", default=DEFAULT_OUT)
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds per cluster")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -100,6 +106,8 @@ def worker(args) -> None:
                 hvd_keras.Compression, "fp16" if wire == "fp16" else "none"))
         compression = getattr(tftorus.Compression, "fp16" if wire == "fp16" else "none")
         torus = {} if variant == "default" else {"algorithm": variant}
+        if args.fusion_mb is not None:
+            torus["fusion_threshold_bytes"] = int(args.fusion_mb * (1 << 20))
         return tftorus.keras.DistributedOptimizer(sgd, compression=compression, **torus)
 
     class StepTimes(tf.keras.callbacks.Callback):
@@ -128,8 +136,9 @@ def worker(args) -> None:
             grads = [tf.random.normal(v.shape, seed=1) * 1e-3 for v in model.trainable_variables]
             reduce_fn = None
             if variant != "compute":
-                reduce_fn = tf.function(
-                    lambda g, o=opt, m=model: o._allreduce_grads(g, m.trainable_variables))
+                reduce_fn = tf.function(  # plain Python: nothing for AutoGraph to convert
+                    lambda g, o=opt, m=model: o._allreduce_grads(g, m.trainable_variables),
+                    autograph=False)
             built[variant] = (model, reduce_fn, grads)
         rows = []
         for repeat in range(args.repeats):
@@ -235,19 +244,25 @@ def main(argv=None) -> int:
     failed = []
     for hosts, rph in args.clusters:
         for gbit in (args.link_gbit if hosts > 1 else args.link_gbit[:1]):
-            title = f"{hosts}x{rph}" + (f" at {gbit:g} Gbit/s" if hosts > 1 else "")
-            print(f"emulated cluster {title}", flush=True)
-            argv_worker = [sys.executable, "-m", "studies.emulated_step", "--worker",
-                           "--wires", *args.wires, "--variants", *args.variants,
-                           "--repeats", str(args.repeats), "--steps", str(args.steps),
-                           "--warmup", str(args.warmup), "--batch", str(args.batch),
-                           "--image-size", str(args.image_size), "--out", args.out,
-                           "--meta", str(hosts), str(rph), f"{gbit:g}"]
-            with cluster.Cluster(hosts, gbit):
-                rc = cluster.launch(args, hosts, rph, argv_worker,
-                                    os.path.join(args.out, f"ranks_{hosts}x{rph}_{gbit:g}.log"))
-            if rc:
-                failed.append(title)
+            # One launch per wire: every variant's model lives in the same processes, and at
+            # 2 x 4 two wires' worth of ResNet-50s (3 GB a rank) ran this machine out of memory.
+            for wire in args.wires:
+                title = f"{hosts}x{rph}" + (f" at {gbit:g} Gbit/s" if hosts > 1 else "")
+                title += f", {wire} wire"
+                print(f"emulated cluster {title}", flush=True)
+                argv_worker = [sys.executable, "-m", "studies.emulated_step", "--worker",
+                               "--wires", wire, "--variants", *args.variants,
+                               "--repeats", str(args.repeats), "--steps", str(args.steps),
+                               "--warmup", str(args.warmup), "--batch", str(args.batch),
+                               "--image-size", str(args.image_size), "--out", args.out,
+                               *(["--fusion-mb", str(args.fusion_mb)]
+                                 if args.fusion_mb is not None else []),
+                               "--meta", str(hosts), str(rph), f"{gbit:g}"]
+                log = os.path.join(args.out, f"ranks_{hosts}x{rph}_{gbit:g}_{wire}.log")
+                with cluster.Cluster(hosts, gbit):
+                    rc = cluster.launch(args, hosts, rph, argv_worker, log)
+                if rc:
+                    failed.append(title)
     if os.path.exists(csv_path):
         print(report(csv_path))
         print(f"\nCSV: {csv_path}")
