@@ -86,7 +86,7 @@ class HorovodCommunicator(Communicator):
                 # Two members: Gloo adds each pair once, in FP32, and rounds once to FP16, the
                 # same bits as the FP32 sum in rank order, and its one pipelined ring carried
                 # the torus' FP16 column at the link's rate where the all-to-all plus
-                # all-gather took 1.5x as long (docs/emulated_cluster.md).
+                # all-gather took 1.5-1.7x as long (docs/emulated_cluster.md).
                 return hvd.allreduce(tensor, op=hvd.Sum, process_set=ps)
             return self.sum_in_rank_order(tensor, group)
         if tensor.dtype == tf.bfloat16:
