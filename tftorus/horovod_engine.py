@@ -84,9 +84,9 @@ class HorovodCommunicator(Communicator):
         if op == "sum" and tensor.dtype in (tf.float16, tf.bfloat16) and self.sum_16bit_in_fp32:
             if tensor.dtype == tf.float16 and len(group) == 2:
                 # Two members: Gloo adds each pair once, in FP32, and rounds once to FP16, the
-                # same bits as the FP32 sum in rank order, and its one pipelined ring carried
-                # the torus' FP16 column at the link's rate where the all-to-all plus
-                # all-gather took 1.5-1.7x as long (docs/emulated_cluster.md).
+                # same bits as the FP32 sum in rank order; across emulated hosts the all-to-all
+                # plus all-gather made the torus' FP16 column 0.93 of a ring where its bytes
+                # allow 0.67 (docs/emulated_cluster.md).
                 return hvd.allreduce(tensor, op=hvd.Sum, process_set=ps)
             return self.sum_in_rank_order(tensor, group)
         if tensor.dtype == tf.bfloat16:
