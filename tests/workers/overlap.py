@@ -43,7 +43,7 @@ from tftorus import algorithms, context, fusion, world  # noqa: E402
 from tests.workers.report import finish  # noqa: E402
 
 SLOW_MATMULS = 100  # of 512 x 512: about 1 s of one core, well above the ranks' skew
-STEPS = 3
+STEPS = 4  # the first traces; three measured
 clock = {"ready": [], "back": []}
 
 
@@ -153,16 +153,19 @@ def main():
     # With it the bucket is back while the slowest rank (the last to finish its backward) is
     # still in its slow layer: below 0 there. (Ranks share two cores, so which rank is slowest
     # varies; the clock is the machine's, the same for every rank.)
-    for step in range(1, STEPS):
-        checks += 3
-        if not overlap[step].min() < 0:
-            failures.append(f"{ENGINE}: step {step}: back - ready per rank "
-                            f"{np.round(overlap[step], 3).tolist()} s; the last layer's bucket "
-                            f"should be back before some rank's backward pass ends")
-        if not recipe[step].min() < 0:
-            failures.append(f"{ENGINE}: the recipe's step, update {step}: back - ready per rank "
-                            f"{np.round(recipe[step], 3).tolist()} s; the last layer's bucket "
-                            f"should be back before some rank's last backward pass ends")
+    # Ranks share two cores, so one step can see a rank scheduled late enough to hide the
+    # overlap; a design that overlaps shows it in most steps, one that cannot in none. So the
+    # overlap must show in a majority of the steps, and the control in none.
+    measured = range(1, STEPS)
+    checks += 2 + len(measured)  # overlap, recipe, and the control at every step
+    for name, runs in (("", overlap), ("the recipe's step, ", recipe)):
+        seen = [step for step in measured if runs[step].min() < 0]
+        if 2 * len(seen) <= len(measured):
+            failures.append(f"{ENGINE}: {name}back - ready per step and rank "
+                            f"{np.round(runs[1:], 3).tolist()} s; the last layer's bucket should "
+                            f"be back before some rank's backward pass ends in most steps "
+                            f"(seen in {len(seen)} of {len(measured)})")
+    for step in measured:
         if not joined[step].min() > 0:
             failures.append(f"{ENGINE}: control (one bucket), step {step}: back - ready per rank "
                             f"{np.round(joined[step], 3).tolist()} s; expected > 0 on every rank")
