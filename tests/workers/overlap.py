@@ -29,6 +29,12 @@ import time
 import zlib
 
 ENGINE = sys.argv[1] if len(sys.argv) > 1 else "horovod"
+# Four ranks share two cores. TF's default, an intra-op pool per core in every process, puts
+# eight spinning threads on them, which starves Horovod's background thread and hides the
+# overlap under scheduling delay (measured: the last bucket then came back with the slowest
+# rank's backward pass, buckets or not). One intra-op thread per rank leaves cores for it.
+# (An environment variable: the tf engine starts TF's runtime in init, before any tf.config.)
+os.environ["TF_NUM_INTRAOP_THREADS"] = "1"
 
 import tftorus  # noqa: E402
 
@@ -42,7 +48,7 @@ from official_resnet.recipe_model import RecipeModel  # noqa: E402
 from tftorus import algorithms, context, fusion, world  # noqa: E402
 from tests.workers.report import finish  # noqa: E402
 
-SLOW_MATMULS = 100  # of 512 x 512: about 1 s of one core, well above the ranks' skew
+SLOW_MATMULS = 150  # of 512 x 512: 0.4 to 0.9 s per rank here, above the ranks' skew
 STEPS = 4  # the first traces; three measured
 clock = {"ready": [], "back": []}
 
