@@ -5,7 +5,8 @@
 #
 #   bash run_scripts/test.sh                 # the default tier
 #   bash run_scripts/test.sh --slow          # the slow tier (tests/conftest.py lists it)
-#   bash run_scripts/test.sh --all           # both tiers
+#   bash run_scripts/test.sh --all           # both tiers (what CI runs)
+#   bash run_scripts/test.sh --quick         # the default tier's tests that start no process
 #   bash run_scripts/test.sh tests/test_grid.py -k planner   # these tests, whatever their tier
 #
 # CI (.ci/run) runs both tiers. Measured from a fresh clone on 2 cores (2026-11-24): the
@@ -21,6 +22,7 @@ tier=()
 case "${1:-}" in
   --slow) tier=(-m slow); shift ;;
   --all) shift ;;
+  --quick) tier=(-m "not slow and not launches"); export TFTORUS_TEST_TIER=quick; shift ;;
   *) if [ "$#" -eq 0 ]; then tier=(-m "not slow"); fi ;;
 esac
 if [ "$#" -eq 0 ]; then set -- tests; fi

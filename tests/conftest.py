@@ -2,8 +2,11 @@
 
 `bash run_scripts/test.sh` runs the default tier; `--slow` runs the slow tier (the heaviest
 multi-process jobs, each the bigger sibling of a check the default tier makes too); `--all`
-runs both. CI (.ci/run) runs both tiers. A test is slow by being listed here, with its time on
-the 2-core CI machine, so the tiers can be read in one place.
+runs both; `--quick` runs the default tier's tests that start no process (the inner loop). CI
+(.ci/run) runs `--all`. A test is slow by being listed in SLOW, with its time on the 2-core CI
+machine, and launches by being (or being in a class) listed in LAUNCHES, so the tiers can be
+read in one place. In the quick tier tests/harness.py refuses to start a process, so a test
+that launches but is not listed fails there, naming this file.
 """
 import pytest
 import tensorflow as tf
@@ -16,13 +19,14 @@ tf.test.TestCase.test_session.__test__ = False
 # node id -> its seconds in a CI run on 2 cores (2026-11-23; N = 9 and 12 timed in a run of
 # their own); the comments say which lighter check of the same kind the default tier keeps
 SLOW = {
-    # the widest worlds; 1, 2 and 4 ranks (and 2, 4, 6 on the tf engine) stay in the default tier;
+    # the widest worlds; 1, 2 and 4 ranks (and 2 and 4 on the tf engine) stay in the default tier;
     # 9 and 12 check only the grids with both a row and a column phase
     "tests/test_allreduce_multiprocess.py::AllreduceMultiprocessTest::test_six_ranks": 46,
     "tests/test_allreduce_multiprocess.py::AllreduceMultiprocessTest::test_eight_ranks": 70,
     "tests/test_allreduce_multiprocess.py::AllreduceMultiprocessTest::"
     "test_nine_ranks_three_by_three": 65,
     "tests/test_allreduce_multiprocess.py::AllreduceMultiprocessTest::test_twelve_ranks": 140,
+    "tests/test_tf_engine.py::TFEngineJobsTest::test_six_ranks_tf_config": 38,
     "tests/test_tf_engine.py::TFEngineJobsTest::test_ten_ranks_tf_config": 55,
     "tests/test_tf_engine.py::TFEngineJobsTest::test_twelve_ranks_task_name_order": 78,
     # a worker lost: SIGKILL on the Horovod engine and the normal finish stay in the default tier
@@ -47,8 +51,39 @@ SLOW = {
 }
 
 
+# test classes (or single tests) that start processes: worlds under horovodrun, TF_CONFIG
+# processes, run_scripts/*.py end to end, or one `python -c`
+LAUNCHES = (
+    "tests/test_allreduce_multiprocess.py::AllreduceMultiprocessTest",
+    "tests/test_api.py::ApiTest::test_the_package_needs_no_study_dependency",
+    "tests/test_bad_input.py::BadInputTest",
+    "tests/test_bad_input_surface.py::BadInputSurfaceTest",
+    "tests/test_callbacks.py::BatchSizeControlFitTest",
+    "tests/test_emulated_cluster.py::EmulatedClusterTest",
+    "tests/test_horovod_semantics.py::HorovodSemanticsTest",
+    "tests/test_nonfinite.py::SkipOnEveryWorkerTest",
+    "tests/test_overlap.py::OverlapTest",
+    "tests/test_paper_scale.py::PlanModeTest",
+    "tests/test_paper_scale.py::CardCommandTest",
+    "tests/test_paper_scale.py::PerPhaseWorkersTest",
+    "tests/test_resume.py::ResumeRunsTest",
+    "tests/test_resume.py::ConfigMismatchScriptTest",
+    "tests/test_tf_engine.py::TFEngineJobsTest",
+    "tests/test_tf_engine.py::KilledWorkerTest",
+    "tests/test_train_script.py::TrainScriptTest",
+    "tests/test_training_equivalence.py::TrainingEquivalenceTest",
+    "tests/test_worker_loss.py::TerminateHookTest",
+    "tests/test_worker_loss.py::WorkerLossTest",
+)
+
+
+def launches(nodeid: str) -> bool:
+    return any(nodeid == entry or nodeid.startswith(entry + "::") for entry in LAUNCHES)
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: the slow tier (bash run_scripts/test.sh --slow)")
+    config.addinivalue_line("markers", "launches: starts processes; not in the quick tier")
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m selects by the marks added here
@@ -56,7 +91,12 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.nodeid in SLOW:
             item.add_marker(pytest.mark.slow)
+        if launches(item.nodeid):
+            item.add_marker(pytest.mark.launches)
     unknown = set(SLOW) - {item.nodeid for item in items}
+    unknown |= {e for e in LAUNCHES if not any(launches(item.nodeid) and
+                                                (item.nodeid + "::").startswith(e + "::")
+                                                for item in items)}
     if unknown and [a.rstrip("/") for a in config.args] == ["tests"]:  # a renamed test
         raise pytest.UsageError(f"tests/conftest.py lists tests that do not exist: "
                                 f"{sorted(unknown)}")

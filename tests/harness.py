@@ -4,8 +4,10 @@ processes with TF_CONFIG (the tf engine's own cluster), or one process.
 Every launch has a hard timeout and kills its whole process group, so a collective that hangs
 fails the test instead of stalling CI.
 """
+import concurrent.futures
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -62,8 +64,27 @@ def horovodrun_command(np: int, argv: Sequence[str]):
     return [runner, "--gloo", "-np", str(np), "-H", f"localhost:{np}", sys.executable, *argv]
 
 
+def run_many(argvs: Sequence[Sequence[str]], timeout: float = 300.0, envs=None,
+             parallel: int = 2):
+    """One plain process per argv, `parallel` at a time; their Results in argv order. A single
+    process spends most of its life importing and tracing on one thread, so two of them fill
+    the two cores that one leaves half idle. envs: one dict (or None) per argv."""
+    envs = list(envs) if envs is not None else [None] * len(argvs)
+    with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
+        return list(pool.map(lambda a, e: run(a, timeout=timeout, env=e), argvs, envs))
+
+
+def refuse_in_quick_tier() -> None:
+    """The quick tier (run_scripts/test.sh --quick) starts no process: a test that does must be
+    listed in tests/conftest.py's LAUNCHES, which keeps it out of that tier."""
+    if os.environ.get("TFTORUS_TEST_TIER") == "quick":
+        raise RuntimeError("this test starts a process, which the quick tier does not: add it "
+                           "(or its class) to LAUNCHES in tests/conftest.py")
+
+
 def run(argv: Sequence[str], np: int = 0, timeout: float = 300.0, env=None) -> Result:
     """Run `python argv...` under horovodrun with `np` ranks (np=0: one plain process)."""
+    refuse_in_quick_tier()
     cmd = horovodrun_command(np, argv) if np else [sys.executable, *argv]
     start = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -76,6 +97,49 @@ def run(argv: Sequence[str], np: int = 0, timeout: float = 300.0, env=None) -> R
         out, _ = proc.communicate()
         timed_out = True
     return Result(proc.returncode, out, time.monotonic() - start, timed_out)
+
+
+_SHARED = {}
+
+
+def shared(key, launch):
+    """`launch()`'s result, made once per test session for `key`: the checks that need the same
+    world and engine read one launch (each asserting its own part of it) instead of each
+    starting processes that import TensorFlow again."""
+    if key not in _SHARED:
+        _SHARED[key] = launch()
+    return _SHARED[key]
+
+
+# One horovodrun world of four ranks on the Horovod engine runs these checking workers in turn
+# (tests/workers/suite.py); one intra-op thread per rank, which the overlap check needs
+# (tests/workers/overlap.py says why).
+FOUR_RANK_SUITE = ("allreduce_check", "gradient_semantics", "overlap")
+FOUR_RANK_ENV = {"TF_NUM_INTRAOP_THREADS": "1"}
+
+
+def four_rank_suite() -> Result:
+    return shared(("suite", FOUR_RANK_SUITE), lambda: run(
+        [worker("suite.py"), *FOUR_RANK_SUITE], np=4, timeout=900, env=FOUR_RANK_ENV))
+
+
+def _ranks_without_failure(output: str, name: str):
+    lines = re.findall(rf"^(?:\[\d+\]<stdout>:)?\[rank (\d+)\] {re.escape(name)}: .*?"
+                       rf"(\d+) checks, (\d+) failed$", output, re.M)
+    return {int(rank) for rank, checks, failed in lines if int(failed) == 0 and int(checks)}
+
+
+def suite_report(result: Result, name: str, np: int, names: Sequence[str]) -> str:
+    """'' when worker `name` of a suite reported no failure on each of `np` ranks (and, once
+    every worker of the suite did, the job exited 0); else the failure, for the assertion."""
+    clean = _ranks_without_failure(result.output, name)
+    if clean != set(range(np)):
+        return f"{name}: ranks reporting no failure {sorted(clean)} of {np}\n" + describe(result)
+    if result.returncode != 0 and all(_ranks_without_failure(result.output, n) == clean
+                                      for n in names):
+        return (f"every check of the suite passed but the job ended with {result.returncode}\n"
+                + describe(result))
+    return ""
 
 
 def free_ports(count: int):
@@ -94,6 +158,7 @@ def run_tf_config(argv: Sequence[str], np: int, timeout: float = 300.0, env=None
     """Run `python argv...` as `np` plain local processes, each with a TF_CONFIG naming all of
     them on loopback (rank = task index). returncode: 0 if every process exited 0, else the
     first non-zero one; returncodes has each. Output: each process' lines, in rank order."""
+    refuse_in_quick_tier()
     workers = [f"127.0.0.1:{p}" for p in free_ports(np)]
     start = time.monotonic()
     procs, logs = [], []

@@ -40,9 +40,10 @@ class BadInputTest(tf.test.TestCase):
                 self.assertNotIn("NO ERROR RAISED", result.output)
 
     def test_bad_arguments_fail_where_they_are_given(self):
-        for mode, message in ONE_PROCESS_CASES.items():
+        results = harness.run_many([[harness.worker("bad_input.py"), mode]
+                                    for mode in ONE_PROCESS_CASES], timeout=TIMEOUT)
+        for (mode, message), result in zip(ONE_PROCESS_CASES.items(), results):
             with self.subTest(mode=mode):
-                result = harness.run([harness.worker("bad_input.py"), mode], timeout=TIMEOUT)
                 self.assertEqual(result.returncode, 1, harness.describe(result))
                 self.assertIn(message, result.output, harness.describe(result))
                 self.assertNotIn("NO ERROR RAISED", result.output)

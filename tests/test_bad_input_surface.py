@@ -122,27 +122,34 @@ class BadInputSurfaceTest(harness.EmbeddedDataCase, tf.test.TestCase):
             f.seek(40)
             f.write(b"\x00" * 64)  # the first record's bytes
 
-    def run_case(self, model_dir, flags, env, status, messages):
-        argv = [TRAIN, f"--flagfile={FLAGFILE}", f"--data_dir={self.data}",
-                f"--model_dir={model_dir}", "--bn_stat_batches=1", "--max_steps=20",
-                *[f.format(**self.dirs) for f in flags]]
-        result = harness.run(argv, timeout=240, env=env)
+    def run_cases(self, cases, model_dirs):
+        """train.py once per case (flags, env, status, messages) on its model directory, two at
+        a time (tests/harness.run_many); the results in case order."""
+        argvs = [[TRAIN, f"--flagfile={FLAGFILE}", f"--data_dir={self.data}",
+                  f"--model_dir={model_dir}", "--bn_stat_batches=1", "--max_steps=20",
+                  *[f.format(**self.dirs) for f in flags]]
+                 for (flags, _, _, _), model_dir in zip(cases, model_dirs)]
+        return harness.run_many(argvs, timeout=240, envs=[env for _, env, _, _ in cases])
+
+    def check_case(self, case, result):
+        _, _, status, messages = case
         self.assertEqual(result.returncode, status, harness.describe(result))
         for message in messages:
             self.assertIn(message, result.output, harness.describe(result))
         self.assertNotIn("Traceback", result.output, harness.describe(result))
-        return result
 
     def test_every_case_fails_clearly_and_keeps_what_was_there(self):
-        for flags, env, status, messages in REFUSED + FOUND_WHILE_TRAINING:
-            with self.subTest(flags=flags, env=env):
-                model_dir = tempfile.mkdtemp(dir=self.tmp)
-                with open(os.path.join(model_dir, SENTINEL), "w") as f:
-                    f.write("saved before")
-                self.run_case(model_dir, flags, env, status, messages)
+        cases = REFUSED + FOUND_WHILE_TRAINING
+        model_dirs = [tempfile.mkdtemp(dir=self.tmp) for _ in cases]
+        for model_dir in model_dirs:
+            with open(os.path.join(model_dir, SENTINEL), "w") as f:
+                f.write("saved before")
+        for case, model_dir, result in zip(cases, model_dirs, self.run_cases(cases, model_dirs)):
+            with self.subTest(flags=case[0], env=case[1]):
+                self.check_case(case, result)
                 with open(os.path.join(model_dir, SENTINEL)) as f:
                     self.assertEqual(f.read(), "saved before")
-                if (flags, env, status, messages) in REFUSED:
+                if case in REFUSED:
                     self.assertEqual(os.listdir(model_dir), [SENTINEL])
 
     def test_a_saved_run_keeps_every_byte(self):
@@ -154,11 +161,14 @@ class BadInputSurfaceTest(harness.EmbeddedDataCase, tf.test.TestCase):
         before = fingerprint(saved)
         for name in ("config.json", "history.jsonl", "summary.json", "checkpoints/latest"):
             self.assertIn(name, before)
-        for flags, env, status, messages in AGAINST_A_SAVED_RUN:
-            with self.subTest(flags=flags, env=env):
-                model_dir = os.path.join(self.tmp, f"copy-{len(os.listdir(self.tmp))}")
-                shutil.copytree(saved, model_dir)
-                self.run_case(model_dir, flags, env, status, messages)
+        model_dirs = []
+        for i, _ in enumerate(AGAINST_A_SAVED_RUN):
+            model_dirs.append(os.path.join(self.tmp, f"copy-{i}"))
+            shutil.copytree(saved, model_dirs[-1])
+        results = self.run_cases(AGAINST_A_SAVED_RUN, model_dirs)
+        for case, model_dir, result in zip(AGAINST_A_SAVED_RUN, model_dirs, results):
+            with self.subTest(flags=case[0], env=case[1]):
+                self.check_case(case, result)
                 self.assertEqual(fingerprint(model_dir), before)
 
 

@@ -12,18 +12,22 @@ from tests import harness
 
 class OverlapTest(tf.test.TestCase):
 
-    def check(self, engine):
-        result = harness.run([harness.worker("overlap.py"), engine], np=4, timeout=240)
-        self.assertEqual(result.returncode, 0, harness.describe(result))
+    def check_counts(self, result):
         counts = [int(c) for c in re.findall(r"overlap: (\d+) checks, 0 failed", result.output)]
         self.assertEqual(len(counts), 4, harness.describe(result))
         self.assertTrue(min(counts) >= 6, harness.describe(result))
 
     def test_horovod_engine(self):
-        self.check("horovod")
+        # in the four-rank world other tests share (tests/harness.FOUR_RANK_SUITE)
+        result = harness.four_rank_suite()
+        failure = harness.suite_report(result, "overlap", 4, harness.FOUR_RANK_SUITE)
+        self.assertFalse(failure, failure)
+        self.check_counts(result)
 
     def test_tf_engine(self):
-        self.check("tf")
+        result = harness.run([harness.worker("overlap.py"), "tf"], np=4, timeout=240)
+        self.assertEqual(result.returncode, 0, harness.describe(result))
+        self.check_counts(result)
 
 
 if __name__ == "__main__":

@@ -29,20 +29,19 @@ import time
 import zlib
 
 ENGINE = sys.argv[1] if len(sys.argv) > 1 else "horovod"
+GRID = "2x2"
 # Four ranks share two cores. TF's default, an intra-op pool per core in every process, puts
 # eight spinning threads on them, which starves Horovod's background thread and hides the
 # overlap under scheduling delay (measured: the last bucket then came back with the slowest
 # rank's backward pass, buckets or not). One intra-op thread per rank leaves cores for it.
 # (An environment variable: the tf engine starts TF's runtime in init, before any tf.config.)
-os.environ["TF_NUM_INTRAOP_THREADS"] = "1"
-
-import tftorus  # noqa: E402
-
-tftorus.init(engine=ENGINE, grid="2x2")  # the tf engine must start before TF's runtime
+# (In tests/workers/suite.py TF has started already: the suite's launch sets it.)
+os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+import tftorus  # noqa: E402
 import tftorus.keras  # noqa: E402
 from official_resnet.recipe_model import RecipeModel  # noqa: E402
 from tftorus import algorithms, context, fusion, world  # noqa: E402
@@ -114,7 +113,7 @@ def run(threshold_bytes):
         v.clear()
     model = build()
     opt = tftorus.keras.DistributedOptimizer(tf.keras.optimizers.SGD(0.01), algorithm="torus",
-                                             fusion_threshold_bytes=threshold_bytes)
+                                             grid=GRID, fusion_threshold_bytes=threshold_bytes)
     model.compile(opt, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     rank = world.rank()
     x = tf.random.stateless_normal([16, 64], seed=[rank, 0])
@@ -131,7 +130,8 @@ def run_recipe(accumulation=2):
         v.clear()
     model = build(RecipeProbe)
     model.compile(optimizer=tftorus.keras.DistributedOptimizer(
-        tf.keras.optimizers.SGD(0.01), algorithm="torus", fusion_threshold_bytes=64 << 10))
+        tf.keras.optimizers.SGD(0.01), algorithm="torus", grid=GRID,
+        fusion_threshold_bytes=64 << 10))
     model.accumulation.assign(accumulation)
     rank = world.rank()
     x = tf.random.stateless_normal([16, 64], seed=[rank, 1])
@@ -149,6 +149,9 @@ def every_rank(per_step) -> np.ndarray:
 
 
 def main():
+    # Before anything runs on TF's runtime (the tf engine starts it). In a suite the world is
+    # up already, on its own default grid: the 2 x 2 grid is then one of its extra grids.
+    tftorus.init(engine=ENGINE, extra_grids=[GRID])
     rank, failures, checks = world.rank(), [], 0
     model, overlap = run(threshold_bytes=64 << 10)  # several buckets, ready order
     _, joined = run(threshold_bytes=1 << 30)  # one bucket: the control
@@ -178,7 +181,8 @@ def main():
     # Every rank plans the same buckets and algorithms.
     grads = [tf.zeros(v.shape, v.dtype) for v in model.trainable_variables]
     comm = context.communicator()
-    plan = [(algorithms.choose("auto", context.default_grid(), comm, b.nbytes), b.indices,
+    grid = context.grid_for("torus", GRID)
+    plan = [(algorithms.choose("auto", grid, comm, b.nbytes), b.indices,
              b.shapes) for b in fusion.plan_buckets(grads, 64 << 10)]
     digest = zlib.crc32(json.dumps(plan, default=str).encode())
     digests = world.allreduce_sum(tf.one_hot(rank, world.size(), dtype=tf.float64) * digest)

@@ -11,7 +11,10 @@ gradient either way, so the final weights must agree. Modes:
   mixed        model.fit under the mixed_float16 policy (LossScaleOptimizer around ours)
 
     horovodrun --gloo -np 4 -H localhost:4 python tests/workers/train_equivalence.py fit OUT
-    python tests/workers/train_equivalence.py fit OUT          # the one-process reference
+    python tests/workers/train_equivalence.py fit,tape,mixed OUT   # one-process references
+
+Several modes (comma-separated) run one after the other in the same processes, each writing
+OUT/MODE/rankR.npz and printing "[MODE] ..." lines, so one launch serves several tests.
 
 TFTORUS_ENGINE=tf runs the same on the tf engine (TensorFlow's collective ops), under horovodrun
 or as TF_CONFIG processes: no Horovod runtime then, so Horovod's callbacks are left out (the
@@ -28,6 +31,10 @@ import tftorus
 
 STEPS, GLOBAL_BATCH, CLASSES = 20, 32, 5
 ENGINE = os.environ.get("TFTORUS_ENGINE", "horovod")
+# TFTORUS_ALGORITHM forces one (the engines' comparison: 'auto' takes each engine's own
+# all-reduce on one host, whose sums round differently)
+TORUS = {"algorithm": os.environ["TFTORUS_ALGORITHM"]} if os.environ.get("TFTORUS_ALGORITHM") \
+    else {}
 
 
 def data():
@@ -53,11 +60,18 @@ def model(seed):
     ])
 
 
-def main(mode, out_dir):
+def main(modes, out_dir):
     hvd.init(engine=ENGINE)
+    for mode in modes.split(","):
+        tf.keras.backend.clear_session()
+        tf.keras.mixed_precision.set_global_policy("mixed_float16" if mode == "mixed" else
+                                                   "float32")
+        train(mode, os.path.join(out_dir, mode))
+    tftorus.shutdown()  # every rank is past its last collective before any exits
+
+
+def train(mode, out_dir):
     rank, size = tftorus.world.rank(), tftorus.world.size()
-    if mode == "mixed":
-        tf.keras.mixed_precision.set_global_policy("mixed_float16")
     x, y = data()
     x, y = shard(x, rank, size), shard(y, rank, size)
     net = model(seed=rank)
@@ -75,19 +89,19 @@ def main(mode, out_dir):
             yb = y[step * per_rank:(step + 1) * per_rank]
             with tf.GradientTape() as tape:
                 value = loss(yb, net(xb, training=True))
-            tape = tftorus.DistributedGradientTape(tape)
+            tape = tftorus.DistributedGradientTape(tape, **TORUS)
             grads = tape.gradient(value, net.trainable_variables)
             opt.apply_gradients(zip(grads, net.trainable_variables))
     else:
         opt = hvd.DistributedOptimizer(
-            sgd(learning_rate=0.1, momentum=0.9), backward_passes_per_step=passes,
+            sgd(learning_rate=0.1, momentum=0.9), backward_passes_per_step=passes, **TORUS,
             average_aggregated_gradients=True)
         net.compile(optimizer=opt, loss=loss)
         callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0),  # Horovod's, as they are
                      hvd.callbacks.MetricAverageCallback()] if ENGINE == "horovod" else []
         net.fit(x, y, batch_size=per_rank, epochs=1, shuffle=False, verbose=0, callbacks=callbacks)
         if rank == 0:
-            print(f"optimizer class: {type(net.optimizer).__name__}"
+            print(f"[{mode}] optimizer class: {type(net.optimizer).__name__}"
                   f"{'/' + type(net.optimizer.inner_optimizer).__name__ if mode == 'mixed' else ''}")
     os.makedirs(out_dir, exist_ok=True)
     np.savez(os.path.join(out_dir, f"rank{rank}.npz"),
@@ -96,10 +110,9 @@ def main(mode, out_dir):
         path = os.path.join(out_dir, "model.h5")
         net.save(path)
         loaded = hvd.load_model(path)
-        print(f"reloaded optimizer: {type(loaded.optimizer).__name__}, "
+        print(f"[{mode}] reloaded optimizer: {type(loaded.optimizer).__name__}, "
               f"torus: {hasattr(loaded.optimizer, '_allreduce_grads')}")
-    tftorus.shutdown()  # every rank is past its last collective before any exits
-    print(f"rank {rank}/{size} done, mode {mode}", flush=True)
+    print(f"[{mode}] rank {rank}/{size} done", flush=True)
 
 
 if __name__ == "__main__":
