@@ -63,12 +63,13 @@ class TrainScriptTest(harness.EmbeddedDataCase, tf.test.TestCase):
     def test_experiments_ref_1_and_4_end_to_end_with_tensorboard(self):
         # One process each, few steps: every phase of each experiment runs through model.fit,
         # and TensorBoard holds the scalars a user looks at.
-        for exp, flags, totals in (("ref", ["--epochs=1"], {128}),
-                                   ("1", ["--epochs=1"], {136, 272}),
-                                   ("4", ["--epochs=2", "--batch_divisor=1024"],
-                                    {34, 68, 85, 119})):
+        runs = (("ref", ["--epochs=1"], {128}),
+                ("1", ["--epochs=1"], {136, 272}),
+                ("4", ["--epochs=2", "--batch_divisor=1024"], {34, 68, 85, 119}))
+        launches = [self.argv(f"--exp={exp}", "--eval_every=10", *flags) for exp, flags, _ in runs]
+        results = harness.run_many([argv for argv, _ in launches], timeout=420)
+        for (exp, _, totals), (_, model_dir), result in zip(runs, launches, results):
             with self.subTest(exp=exp):
-                result, model_dir = self.train(f"--exp={exp}", "--eval_every=10", *flags)
                 self.assertEqual(result.returncode, 0, harness.describe(result))
                 with open(os.path.join(model_dir, "history.jsonl")) as f:
                     history = [json.loads(line) for line in f]
