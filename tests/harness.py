@@ -65,13 +65,14 @@ def horovodrun_command(np: int, argv: Sequence[str]):
 
 
 def run_many(argvs: Sequence[Sequence[str]], timeout: float = 300.0, envs=None,
-             parallel: int = 2):
-    """One plain process per argv, `parallel` at a time; their Results in argv order. A single
-    process spends most of its life importing and tracing on one thread, so two of them fill
-    the two cores that one leaves half idle. envs: one dict (or None) per argv."""
+             parallel: int = 2, np: int = 0):
+    """One launch per argv (a plain process, or `np` ranks under horovodrun), `parallel` at a
+    time; their Results in argv order. A single process spends most of its life importing and
+    tracing on one thread, so two of them fill the two cores that one leaves half idle; jobs
+    that fail at their start mostly wait. envs: one dict (or None) per argv."""
     envs = list(envs) if envs is not None else [None] * len(argvs)
     with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
-        return list(pool.map(lambda a, e: run(a, timeout=timeout, env=e), argvs, envs))
+        return list(pool.map(lambda a, e: run(a, np=np, timeout=timeout, env=e), argvs, envs))
 
 
 def refuse_in_quick_tier() -> None:

@@ -31,9 +31,10 @@ TIMEOUT = 150  # seconds; a hang would hit this
 class BadInputTest(tf.test.TestCase):
 
     def test_every_bad_input_fails_clearly(self):
-        for mode, message in CASES.items():
+        results = harness.run_many([[harness.worker("bad_input.py"), mode] for mode in CASES],
+                                   np=4, timeout=TIMEOUT)
+        for (mode, message), result in zip(CASES.items(), results):
             with self.subTest(mode=mode):
-                result = harness.run([harness.worker("bad_input.py"), mode], np=4, timeout=TIMEOUT)
                 self.assertFalse(result.timed_out, f"{mode} hung: " + harness.describe(result))
                 self.assertNotEqual(result.returncode, 0, harness.describe(result))
                 self.assertIn(message, result.output, harness.describe(result))
