@@ -491,8 +491,13 @@ def main(argv=None) -> int:
         print("\n== every cluster: torus / ring, measured, beside the byte limit ==")
         print(sweep_table(results))
         print(f"plot: {sweep_plot(results, args.out)}")
+    return exit_status(failed, " (see ranks.log in their folders)")
+
+
+def exit_status(failed, hint: str = "") -> int:
+    """A study's exit status over its clusters: 1, naming the failed ones on stderr, if any."""
     if failed:
-        print(f"failed: {', '.join(failed)} (see ranks.log in their folders)", file=sys.stderr)
+        print(f"failed: {', '.join(failed)}{hint}", file=sys.stderr)
     return 1 if failed else 0
 
 

@@ -266,9 +266,7 @@ def main(argv=None) -> int:
     if os.path.exists(csv_path):
         print(report(csv_path))
         print(f"\nCSV: {csv_path}")
-    if failed:
-        print(f"failed: {', '.join(failed)}", file=sys.stderr)
-    return 1 if failed else 0
+    return cluster.exit_status(failed)
 
 
 if __name__ == "__main__":

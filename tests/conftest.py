@@ -29,7 +29,8 @@ SLOW = {
     "tests/test_tf_engine.py::TFEngineJobsTest::test_six_ranks_tf_config": 38,
     "tests/test_tf_engine.py::TFEngineJobsTest::test_ten_ranks_tf_config": 55,
     "tests/test_tf_engine.py::TFEngineJobsTest::test_twelve_ranks_task_name_order": 78,
-    # a worker lost: SIGKILL on the Horovod engine and the normal finish stay in the default tier
+    # a worker lost: SIGKILL on the Horovod engine stays in the default tier, and a normal
+    # finish is checked there by test_paper_scale's launcher test
     "tests/test_worker_loss.py::WorkerLossTest::test_stopped_worker_horovod_engine": 49,
     "tests/test_worker_loss.py::WorkerLossTest::test_killed_worker_tf_engine": 44,
     "tests/test_worker_loss.py::WorkerLossTest::test_stopped_worker_tf_engine": 44,
@@ -77,8 +78,13 @@ LAUNCHES = (
 )
 
 
+def _under(nodeid: str, entry: str) -> bool:
+    """The test `nodeid` is `entry` or in it (a class)."""
+    return (nodeid + "::").startswith(entry + "::")
+
+
 def launches(nodeid: str) -> bool:
-    return any(nodeid == entry or nodeid.startswith(entry + "::") for entry in LAUNCHES)
+    return any(_under(nodeid, entry) for entry in LAUNCHES)
 
 
 def pytest_configure(config):
@@ -94,9 +100,7 @@ def pytest_collection_modifyitems(config, items):
         if launches(item.nodeid):
             item.add_marker(pytest.mark.launches)
     unknown = set(SLOW) - {item.nodeid for item in items}
-    unknown |= {e for e in LAUNCHES if not any(launches(item.nodeid) and
-                                                (item.nodeid + "::").startswith(e + "::")
-                                                for item in items)}
+    unknown |= {e for e in LAUNCHES if not any(_under(item.nodeid, e) for item in items)}
     if unknown and [a.rstrip("/") for a in config.args] == ["tests"]:  # a renamed test
         raise pytest.UsageError(f"tests/conftest.py lists tests that do not exist: "
                                 f"{sorted(unknown)}")

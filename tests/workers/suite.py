@@ -15,7 +15,8 @@ import os
 import sys
 import traceback
 
-import report  # noqa: E402  (tests/workers, the script's own folder, as the workers import it)
+import report  # tests/workers, the script's own folder, as the workers import it
+import tftorus
 
 sys.modules.setdefault("tests.workers.report", report)  # one module, however a worker names it
 
@@ -34,7 +35,6 @@ def main(names):
                   f"{traceback.format_exc()}", flush=True)
             os._exit(1)
     report.suite_check = None
-    import tftorus
     tftorus.shutdown()  # every rank is past its last collective before any exits
     sys.exit(1 if failed else 0)
 
