@@ -1,6 +1,6 @@
 """Keras callbacks of the paper's recipe, each usable in a user's own `model.fit`.
 
-    BatchSizeControl     the paper's batch-size control: micro-batches per update per epoch range
+    BatchSizeControl     the paper's batch-size control (tftorus.batch_size_control's, here too)
     LRMomentumSchedule   LR and momentum (configurations A and B), keyed on samples seen
     NonFiniteSteps       reports every skipped update; stops per --on_nonfinite
     BNStatistics         BN statistics recomputed before each evaluation (FP32, over all workers)
@@ -11,11 +11,10 @@
                          checkpoints, and the stops
     run_summary, log_summary   the Table 5 / Table 6 summaries of a finished run
 
-BatchSizeControl needs a model whose `train_step` accumulates micro-batches into a
-`model.accumulation` tf.Variable (official_resnet.recipe_model.RecipeModel): one dataset of fixed
-micro-batches and one `fit` then cover every phase, and changing the batch retraces nothing.
-The callbacks after the first take a RunState (official_resnet.run_state) where they share the
-run's clock.
+BatchSizeControl works in any model's fit compiled with tftorus.keras.DistributedOptimizer
+(tftorus.accumulation): one dataset of fixed micro-batches and one `fit` then cover every phase,
+and changing the batch retraces nothing. LRMomentumSchedule too. The callbacks after these take
+a RunState (official_resnet.run_state) where they share the run's clock.
 """
 import dataclasses
 import json
@@ -33,6 +32,7 @@ from official_resnet.recipe_model import make_eval_step
 from official_resnet.run_state import (NONFINITE_POLICIES, EpochLog, NonFiniteLossError,
                                        RunState)
 from tftorus import watchdog
+from tftorus.batch_size_control import BatchSizeControl, micro_batches_per_update  # noqa: F401
 
 logger = logging.getLogger(__name__)
 
@@ -40,65 +40,6 @@ logger = logging.getLogger(__name__)
 def progbar_verbosity(chief: bool) -> int:
     """Keras' progress bar on rank 0 only: live in a terminal, one line per epoch in a log."""
     return (1 if sys.stdout.isatty() else 2) if chief else 0
-
-
-class BatchSizeControl(tf.keras.callbacks.Callback):
-    """Switches the number of micro-batches per update at epoch boundaries.
-
-    schedule: (first epoch, micro-batches per update) pairs, the first at epoch 0, e.g.
-    [(0, 1), (30, 2)]: batch B per update for epochs 0-29, 2B from epoch 30 (B = micro-batch
-    x workers). `on_switch(epoch, accumulation)` is called when a new entry starts.
-    """
-
-    def __init__(self, schedule: Sequence[Tuple[int, int]],
-                 on_switch: Optional[Callable[[int, int], None]] = None):
-        super().__init__()
-        schedule = sorted((int(e), int(k)) for e, k in schedule)
-        if not schedule or schedule[0][0] != 0 or min(k for _, k in schedule) < 1:
-            raise ValueError(f"BatchSizeControl: the schedule starts at epoch 0 and gives >= 1 "
-                             f"micro-batches per update, got {schedule}")
-        self.schedule, self.on_switch, self._current = schedule, on_switch, None
-
-    def entry_at(self, epoch: int) -> Tuple[int, int]:
-        return [entry for entry in self.schedule if entry[0] <= epoch][-1]
-
-    @classmethod
-    def from_total_batches(cls, ranges: Iterable[Tuple[int, int, int]], micro_batch: int,
-                           workers: int, **kwargs) -> "BatchSizeControl":
-        """From Table 3 style (first epoch, end epoch, total batch) ranges, a micro-batch per
-        worker and the number of workers; each total must be a multiple of both."""
-        schedule = []
-        for start, end, total in ranges:
-            if total % (micro_batch * workers):
-                raise ValueError(f"BatchSizeControl: the total batch {total} of epochs "
-                                 f"{start}-{end} is not a multiple of micro-batch {micro_batch} "
-                                 f"x {workers} workers; choose a micro-batch that divides "
-                                 f"{total // math.gcd(total, workers)}")
-            schedule.append((start, total // (micro_batch * workers)))
-        return cls(schedule, **kwargs)
-
-    def accumulation_at(self, epoch: int) -> int:
-        return self.entry_at(epoch)[1]
-
-    def on_train_begin(self, logs=None):
-        if not isinstance(getattr(self.model, "accumulation", None), tf.Variable):
-            raise TypeError("BatchSizeControl needs a model that accumulates micro-batches into "
-                            "model.accumulation: official_resnet.recipe_model.RecipeModel")
-        steps = self.params.get("steps")
-        bad = [k for _, k in self.schedule if steps and steps % k]
-        if bad:
-            raise ValueError(f"BatchSizeControl: {steps} steps per epoch is not a multiple of "
-                             f"{bad} micro-batches per update: give fit a steps_per_epoch that is")
-        self._current = None
-
-    def on_epoch_begin(self, epoch, logs=None):
-        entry = self.entry_at(epoch)
-        if entry != self._current:  # also at the first epoch of a resumed fit
-            k = entry[1]
-            self.model.accumulation.assign(k)
-            self._current = entry
-            if self.on_switch:
-                self.on_switch(epoch, k)
 
 
 class LRMomentumSchedule(tf.keras.callbacks.Callback):
@@ -119,7 +60,7 @@ class LRMomentumSchedule(tf.keras.callbacks.Callback):
         self._epoch = epoch
 
     def on_train_batch_begin(self, batch, logs=None):
-        k = int(self.model.accumulation.numpy()) if hasattr(self.model, "accumulation") else 1
+        k = micro_batches_per_update(self.model)
         if batch % k:
             return
         epoch = (self._epoch + batch / self.params["steps"]) * self.epoch_fraction
@@ -165,7 +106,7 @@ class RunProgress(tf.keras.callbacks.Callback):
             self._updates = updates
             s.updates_in_epoch += 1
             s.steps.assign_add(1)
-            s.samples_seen.assign_add(int(self.model.accumulation.numpy()) * self.micro_batch
+            s.samples_seen.assign_add(micro_batches_per_update(self.model) * self.micro_batch
                                       * s.world.size)
 
     def on_epoch_end(self, epoch, logs=None):
@@ -332,7 +273,7 @@ class EpochLogger(tf.keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         s, logs = self.state, logs or {}
-        k = int(self.model.accumulation.numpy())
+        k = micro_batches_per_update(self.model)
         per_worker = k * self.micro_batch
         steps = s.updates_in_epoch
         applied = steps - len(s.skipped_at)

@@ -1,7 +1,8 @@
 """The recipe's training step as a Keras model: `RecipeModel(...).fit(...)` trains as the paper.
 
-One `train_step` call is one micro-batch. Its gradients are added to per-variable accumulators;
-when `accumulation` micro-batches (a tf.Variable that official_resnet.callbacks.BatchSizeControl
+One `train_step` call is one micro-batch. Its gradients (and loss) are added to the sums of the
+optimizer's tftorus.accumulation.Accumulation, the one that accumulates in any user's fit too;
+when `accumulation` micro-batches (its count, which official_resnet.callbacks.BatchSizeControl
 sets per epoch) are in, one update happens:
 
     micro-batch -> forward (mixed precision) -> label-smoothed loss -> scaled backward -> accumulate
@@ -20,6 +21,7 @@ from typing import List
 
 import tensorflow as tf
 
+from tftorus import accumulation as micro_batches
 from tftorus.optimizer import reduce_gradients
 
 
@@ -45,18 +47,12 @@ def all_finite(tensors: List[tf.Tensor]) -> tf.Tensor:
 
 class _StepState:
     """The step's own variables, kept out of Keras' tracking (a plain object, not a Layer), so
-    they are neither model weights nor broadcast nor checkpointed: at every epoch end (where
-    checkpoints are written) the accumulators are empty."""
+    they are neither model weights nor broadcast nor checkpointed."""
 
     def __init__(self):
-        self.accumulation = tf.Variable(1, dtype=tf.int64, trainable=False,
-                                        name="accumulation")  # micro-batches per update
-        self.in_update = tf.Variable(0, dtype=tf.int64, trainable=False)  # micro-batches so far
         self.updates = tf.Variable(0, dtype=tf.int64, trainable=False)  # taken or skipped
         self.last_applied = tf.Variable(True, trainable=False)
         self.last_loss = tf.Variable(0.0, trainable=False)  # global mean loss of the last update
-        self.loss_sum = tf.Variable(0.0, trainable=False)
-        self.grads = None  # per trainable variable, made at the first trace
         self.state_before = None  # BN moving statistics at the update's first micro-batch
         self.loss = tf.keras.metrics.Mean("loss")  # of applied updates, global
         self.top1 = tf.keras.metrics.Mean("top1")  # this worker's micro-batches, in %
@@ -85,8 +81,15 @@ class RecipeModel(tf.keras.Model):
         return cls(inputs=net.inputs, outputs=net.outputs, name=net.name, **kwargs)
 
     @property
+    def micro_batch_accumulation(self) -> micro_batches.Accumulation:
+        """The compiled optimizer's Accumulation, through which this step accumulates (the
+        model accumulates itself: BatchSizeControl sets its count, nothing else)."""
+        return micro_batches.of(self.optimizer)
+
+    @property
     def accumulation(self) -> tf.Variable:
-        return self._step.accumulation
+        """Micro-batches per update (the Accumulation's count)."""
+        return self.micro_batch_accumulation.count
 
     @property
     def updates(self) -> tf.Variable:
@@ -121,53 +124,39 @@ class RecipeModel(tf.keras.Model):
         in a user's own tf.function; outside any tf.cond (TensorFlow creates no variables
         there)."""
         step = self._step
-        if step.grads is None:
-            step.grads = [tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False)
-                          for v in self.trainable_variables]
+        if step.state_before is None:
             step.state_before = [tf.Variable(v, trainable=False)
                                  for v in self.non_trainable_variables]
             inner = self.optimizer.inner_optimizer if self._loss_scaled() else self.optimizer
             inner.build(self.trainable_variables)  # slots too: the update sits in a tf.cond
+            self.micro_batch_accumulation.build(list(self.trainable_variables)
+                                                + [tf.zeros([], tf.float32)])  # + the loss
 
     def train_step(self, data):
         images, labels = data[0], data[1]
         step, variables = self._step, self.trainable_variables
         self._make_step_variables()
+        accumulation = self.micro_batch_accumulation
         state = self.non_trainable_variables
 
         def snapshot():
             for v, saved in zip(state, step.state_before):
                 saved.assign(v)
-            for g in step.grads:
-                g.assign(tf.zeros_like(g))
-            step.loss_sum.assign(0.0)
             return tf.constant(True)
 
         # Read before the forward pass moves them (TF orders a variable's reads and writes).
-        tf.cond(tf.equal(step.in_update, 0), snapshot, lambda: tf.constant(False))
+        tf.cond(tf.equal(accumulation.seen, 0), snapshot, lambda: tf.constant(False))
         with tf.GradientTape() as tape:
             logits = self(images, training=True)
             loss = smoothed_cross_entropy(labels, logits, self.output_shape[-1],
                                           self.label_smoothing)
             scaled = self.optimizer.get_scaled_loss(loss) if self._loss_scaled() else loss
         grads = tape.gradient(scaled, variables)
-        # This micro-batch's sums, each read as soon as its gradient exists (the accumulators
-        # were last written before this step), so on the k-th micro-batch each fused bucket of
-        # the all-reduce leaves while earlier layers still differentiate.
-        totals = [total + tf.convert_to_tensor(g) for total, g in zip(step.grads, grads)]
-        loss_total = step.loss_sum + loss
-        step.in_update.assign_add(1)
         step.top1.update_state(100.0 * correct_count(labels, logits)
                                / tf.cast(tf.shape(labels)[0], tf.float32))
-
-        def accumulate():
-            for total, value in zip(step.grads, totals):
-                total.assign(value)
-            step.loss_sum.assign(loss_total)
-            return tf.constant(False)
-
-        tf.cond(tf.equal(step.in_update, step.accumulation),
-                lambda: self._update(totals, loss_total), accumulate)
+        # The loss rides along with the gradients: its mean over the update's micro-batches.
+        accumulation.step(list(grads) + [loss], lambda means: self._update(means[:-1], means[-1]),
+                          lambda sums: tf.constant(False))
         return {m.name: m.result() for m in self.metrics}
 
     def _reduce(self, grads: List[tf.Tensor], loss: tf.Tensor):
@@ -178,11 +167,11 @@ class RecipeModel(tf.keras.Model):
                                    list(self.trainable_variables) + [None])
         return reduced[:-1], tf.reshape(reduced[-1], [])
 
-    def _update(self, totals: List[tf.Tensor], loss_total: tf.Tensor):
-        """The k-th micro-batch: reduce the mean gradient and the loss, check, apply or skip."""
+    def _update(self, means: List[tf.Tensor], loss_mean: tf.Tensor):
+        """The update's last micro-batch: reduce the mean gradient and the loss over the
+        workers, check, apply or skip."""
         step, variables = self._step, self.trainable_variables
-        k = tf.cast(step.accumulation, tf.float32)
-        grads, loss = self._reduce([g / tf.cast(k, g.dtype) for g in totals], loss_total / k)
+        grads, loss = self._reduce(means, loss_mean)
         if self._loss_scaled():
             grads = self.optimizer.get_unscaled_gradients(grads)
         finite = all_finite(grads + [loss])
@@ -201,7 +190,6 @@ class RecipeModel(tf.keras.Model):
             applied = tf.cond(finite, lambda: tf.constant(True), discard_state_updates)
         else:
             applied = tf.cond(finite, apply, discard_state_updates)
-        step.in_update.assign(0)
         step.updates.assign_add(1)
         step.last_applied.assign(applied)
         step.last_loss.assign(loss)

@@ -29,6 +29,10 @@ if __name__ == "__main__":  # before TensorFlow's threads start, so they inherit
     # The launcher's SIGTERM reaches tftorus.watchdog.handle_termination's thread (a Python
     # handler never runs while the main thread is blocked in a TF op).
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+    if any(a in ("--plan_only", "--plan_only=true", "--plan_only=True") for a in sys.argv[1:]):
+        # A plan is for reading: without TensorFlow's start-up notices (oneDNN, CPU features),
+        # which its C++ logging prints as TensorFlow loads, before any flag is parsed.
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import tensorflow as tf  # noqa: E402
 

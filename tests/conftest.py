@@ -60,6 +60,7 @@ LAUNCHES = (
     "tests/test_bad_input.py::BadInputTest",
     "tests/test_bad_input_surface.py::BadInputSurfaceTest",
     "tests/test_callbacks.py::BatchSizeControlFitTest",
+    "tests/test_callbacks.py::UsersOwnModelTest",
     "tests/test_emulated_cluster.py::EmulatedClusterTest",
     "tests/test_horovod_semantics.py::HorovodSemanticsTest",
     "tests/test_nonfinite.py::SkipOnEveryWorkerTest",

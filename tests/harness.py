@@ -84,12 +84,14 @@ def refuse_in_quick_tier() -> None:
 
 
 def run(argv: Sequence[str], np: int = 0, timeout: float = 300.0, env=None) -> Result:
-    """Run `python argv...` under horovodrun with `np` ranks (np=0: one plain process)."""
+    """Run `python argv...` under horovodrun with `np` ranks (np=0: one plain process). env:
+    variables to set; None as a value removes the variable."""
     refuse_in_quick_tier()
     cmd = horovodrun_command(np, argv) if np else [sys.executable, *argv]
     start = time.monotonic()
+    environ = {k: v for k, v in {**_env(), **(env or {})}.items() if v is not None}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            cwd=ROOT, env={**_env(), **(env or {})}, start_new_session=True)
+                            cwd=ROOT, env=environ, start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=timeout)
         timed_out = False

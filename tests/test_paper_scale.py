@@ -28,7 +28,9 @@ ROW = re.compile(r"^\s+(\d+)\s+([\d.]+-[\d.]+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+) x
 
 
 def plan(*flags):
-    return harness.run([TRAIN, "--plan_only", *flags], timeout=120)
+    # as a user runs it: without the tests' TF_CPP_MIN_LOG_LEVEL
+    return harness.run([TRAIN, "--plan_only", *flags], timeout=120,
+                       env={"TF_CPP_MIN_LOG_LEVEL": None})
 
 
 class PlanModeTest(tf.test.TestCase):
@@ -55,6 +57,8 @@ class PlanModeTest(tf.test.TestCase):
         self.assertRegex(result.output, r"\n\s+2\s+30-90\s+1728\s+55296\s+32\s+1 x 32\s+23\s+\d+"
                                         r"\s+22\.22 -> 0\s+")
         self.assertRegex(result.output, r"torus ms/step")
+        for notice in ("oneDNN", "cpu_feature_guard"):  # TensorFlow's start-up notices
+            self.assertNotIn(notice, result.output)
         result = plan("--exp=3", "--num_workers=3456", "--gpus_per_phase=paper")
         self.assertEqual(result.returncode, 0, harness.describe(result))
         self.assertEqual([int(m[2]) for m in ROW.findall(result.output)], [3456, 2048])

@@ -1,8 +1,9 @@
 """`import tftorus.keras as hvd` in place of `import horovod.tensorflow.keras as hvd`.
 
 Horovod's Keras API (callbacks for broadcast, metric averaging and LR warm-up, rank(), size(),
-...), with the optimizer, load_model and init reducing over the 2D torus. Everything exported
-is listed in __all__; `elastic` is refused (see tftorus.unsupported).
+...), with the optimizer, load_model and init reducing over the 2D torus; and BatchSizeControl,
+the paper's batch-size control (Horovod's backward_passes_per_step is fixed for the run).
+Everything exported is listed in __all__; `elastic` is refused (see tftorus.unsupported).
 """
 from horovod.tensorflow.keras import (  # noqa: F401  Horovod's own, unchanged
     Average, ProcessSet, Sum, add_process_set, allgather, allreduce, broadcast,
@@ -11,6 +12,7 @@ from horovod.tensorflow.keras import (  # noqa: F401  Horovod's own, unchanged
     local_size, mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank, reducescatter,
     remove_process_set, rocm_built, size, start_timeline, stop_timeline)
 
+from tftorus.batch_size_control import BatchSizeControl
 from tftorus.compression import Compression
 from tftorus.context import init, shutdown
 from tftorus.optimizer import DistributedOptimizer, load_model, reduce_gradients
@@ -20,7 +22,7 @@ from tftorus.unsupported import refuse
 __all__ = [
     # tftorus' own
     "init", "shutdown", "DistributedOptimizer", "load_model", "reduce_gradients", "Compression",
-    "TorusOptions",
+    "TorusOptions", "BatchSizeControl",
     # Horovod's, unchanged
     "Average", "Sum", "ProcessSet", "global_process_set", "add_process_set",
     "remove_process_set", "allgather", "allreduce", "broadcast", "broadcast_global_variables",

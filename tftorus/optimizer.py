@@ -91,7 +91,12 @@ def DistributedOptimizer(optimizer, *args, **kwargs):
         which runs its collectives one at a time); 1: off.
     """
     check_optimizer(optimizer)
-    return over_the_torus(hvd_keras.DistributedOptimizer, optimizer, args, kwargs)
+    wrapped = over_the_torus(hvd_keras.DistributedOptimizer, optimizer, args, kwargs)
+    # Horovod's class keeps the wrapped one's name, which is enough for HDF5; the Keras v3 format
+    # also records the module, which Horovod leaves as its own (loading then needs it): the
+    # wrapped class' module makes a saved model load with Keras alone, as its own optimizer.
+    type(wrapped).__module__ = type(optimizer).__module__
+    return wrapped
 
 
 def DistributedGradientTape(gradtape, *args, **kwargs):
