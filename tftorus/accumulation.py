@@ -116,30 +116,29 @@ class _Reduction:
         self._local.add(var.ref())
 
     def compute_gradients(self, grads, variables):
-        if any(isinstance(g, tf.IndexedSlices) for g in grads):
-            grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
-                     for g in grads]  # sums of sparse gradients are dense anyway
+        # Sums for every variable (made with the variables' shapes before the step traces); a
+        # variable without a gradient adds zeros and still gets None back.
+        grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
+                 for g in grads]  # sums of sparse gradients are dense anyway
         present = [i for i, g in enumerate(grads) if g is not None]
+        tensors = [g if g is not None else tf.zeros(v.shape, v.dtype)
+                   for g, v in zip(grads, variables)]
 
         def reduce(means):
-            out = list(grads)
+            out = list(means)
             shared = [i for i in present if variables[i].ref() not in self._local]
-            reduced = self.optimizer._allreduce_grads([means[present.index(i)] for i in shared],
+            reduced = self.optimizer._allreduce_grads([means[i] for i in shared],
                                                       [variables[i] for i in shared])
             for i, g in zip(shared, reduced):
                 out[i] = g
             size = self.optimizer.process_set.size()
             for i in present:  # worker-local variables, scaled as Horovod's are
-                if variables[i].ref() in self._local:
-                    mean = means[present.index(i)]
-                    out[i] = mean / size if self.optimizer.scale_local_gradients else mean
-            return [out[i] for i in present]
+                if variables[i].ref() in self._local and self.optimizer.scale_local_gradients:
+                    out[i] = means[i] / size
+            return out
 
-        reduced = self.accumulation.step([grads[i] for i in present], reduce, lambda sums: sums)
-        out = [None] * len(grads)
-        for i, g in zip(present, reduced):
-            out[i] = g
-        return out
+        reduced = self.accumulation.step(tensors, reduce, lambda sums: sums)
+        return [g if grads[i] is not None else None for i, g in enumerate(reduced)]
 
     def apply_gradients(self, apply, optimizer, *args, **kwargs):
         """`apply()` (the wrapped optimizer's own apply_gradients) when the update is complete,
@@ -174,4 +173,12 @@ def enable(optimizer) -> Accumulation:
     accumulation = of(holder)
     if helper is None:
         holder._agg_helper = _Reduction(holder, accumulation)
+    return accumulation
+
+
+def enable_for(model: tf.keras.Model) -> Accumulation:
+    """`enable(model.optimizer)`, with the sums made now for the model's trainable variables
+    (outside the step, which then traces once)."""
+    accumulation = enable(model.optimizer)
+    accumulation.build(model.trainable_variables)
     return accumulation

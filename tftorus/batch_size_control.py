@@ -32,7 +32,7 @@ def accumulation_of(model: tf.keras.Model) -> micro_batches.Accumulation:
         raise ValueError("BatchSizeControl needs a compiled model: model.compile(optimizer="
                          "tftorus.keras.DistributedOptimizer(...), loss=...) first")
     enabled = micro_batches.of(model.optimizer, create=False) is not None
-    accumulation = micro_batches.enable(model.optimizer)
+    accumulation = micro_batches.enable_for(model)
     if not enabled and model.train_function is not None:
         model.train_function = model.make_train_function(force=True)
     return accumulation
