@@ -177,8 +177,10 @@ def enable(optimizer) -> Accumulation:
 
 
 def enable_for(model: tf.keras.Model) -> Accumulation:
-    """`enable(model.optimizer)`, with the sums made now for the model's trainable variables
-    (outside the step, which then traces once)."""
+    """`enable(model.optimizer)`, with the sums (and a Keras optimizer's own slots) made now for
+    the model's trainable variables: outside the step, which then traces once, not twice."""
     accumulation = enable(model.optimizer)
     accumulation.build(model.trainable_variables)
+    if isinstance(model.optimizer, tf.keras.optimizers.Optimizer):  # not the legacy ones
+        model.optimizer.build(model.trainable_variables)
     return accumulation
