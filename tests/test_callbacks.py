@@ -114,6 +114,21 @@ class CallbackUnitTest(tf.test.TestCase):
     def test_lr_and_momentum_are_set_per_update_on_the_samples_clock(self):
         model = small_model()
         model.compile(optimizer=LARS(learning_rate=0.0, momentum=0.9))
+        self.check_lr_and_momentum_per_update(model)
+
+    def test_lr_and_momentum_per_update_in_a_users_own_model(self):
+        # Keras' own train step, the user's loss, our optimizer (one process here)
+        import tftorus
+        import tftorus.keras
+        tftorus.init()
+        inputs = tf.keras.Input((3,))
+        model = tf.keras.Model(inputs, tf.keras.layers.Dense(4)(inputs))
+        model.compile(optimizer=tftorus.keras.DistributedOptimizer(
+            LARS(learning_rate=0.0, momentum=0.9)),
+            loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        self.check_lr_and_momentum_per_update(model)
+
+    def check_lr_and_momentum_per_update(self, model):
         seen = []
 
         class Record(tf.keras.callbacks.Callback):
