@@ -2,7 +2,7 @@
 # The main job on this machine: set up if needed, then train with the paper's Exp. 2 recipe
 # (LARS, configuration B, label smoothing, batch-size control, BN statistics recomputed before
 # each evaluation) on the embedded data (generated offline on first use), with 4 local workers
-# averaging gradients over a 2 x 2 torus. About 3-4 minutes on 2 cores. Extra flags pass
+# averaging gradients over a 2 x 2 torus. About 3 minutes on 2 cores. Extra flags pass
 # through, e.g. `bash run_scripts/demo.sh --exp=3`.
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
