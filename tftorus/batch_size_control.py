@@ -81,9 +81,6 @@ class BatchSizeControl(tf.keras.callbacks.Callback):
             schedule.append((start, total // (micro_batch * workers)))
         return cls(schedule, **kwargs)
 
-    def accumulation_at(self, epoch: int) -> int:
-        return self.entry_at(epoch)[1]
-
     def on_train_begin(self, logs=None):
         self.accumulation = accumulation_of(self.model)
         steps = self.params.get("steps")
