@@ -9,8 +9,8 @@
 #   bash run_scripts/test.sh --quick         # the default tier's tests that start no process
 #   bash run_scripts/test.sh tests/test_grid.py -k planner   # these tests, whatever their tier
 #
-# CI (.ci/run) runs --all. Measured from a fresh clone on 2 cores (2026-11-25): --all 32.6 min
-# with set-up (the default tier's tests 11.9 min of it, the slow tier's 17.7), --quick 1.2 min.
+# CI (.ci/run) runs --all. Measured on 2 cores (2026-11-25): --all 27.5 min from a fresh clone
+# with set-up (24.5 of tests), the default tier alone 10.6 min, --quick 1.2 min.
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$repo/run_scripts/setup.sh"
