@@ -11,7 +11,7 @@ from typing import Optional
 
 from absl import flags
 
-from flags.experiments import PAPER_EPOCHS, get_experiment
+from official_resnet.experiments import PAPER_EPOCHS, get_experiment
 from official_resnet.batch_plan import GPUS_PER_PHASE_HELP, phase_workers
 
 EMBEDDED_DATA_DIR = "data/embedded"
@@ -166,7 +166,7 @@ def resolve(fv=None) -> TrainConfig:
         raise ValueError(f"--lr_config must be A or B, got {fv.lr_config!r}")
     smoothing = experiment.label_smoothing if fv.label_smoothing is None else fv.label_smoothing
     if fv.batch_schedule:
-        from flags.experiments import with_batch_schedule
+        from official_resnet.experiments import with_batch_schedule
         # malformed: a clear error now
         experiment = with_batch_schedule(experiment, fv.batch_schedule)
     gpus_per_phase = str(fv.gpus_per_phase).strip().lower().replace(" ", "")

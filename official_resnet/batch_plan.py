@@ -17,7 +17,7 @@ import dataclasses
 import math
 from typing import List, Optional, Sequence, Tuple
 
-from flags.experiments import PAPER_EPOCHS, Experiment
+from official_resnet.experiments import PAPER_EPOCHS, Experiment
 
 
 class PlanError(ValueError):

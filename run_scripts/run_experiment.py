@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from absl import flags as absl_flags  # noqa: E402
 
 from flags.config import define_flags, resolve  # noqa: E402
-from flags.experiments import get_experiment, with_batch_schedule  # noqa: E402
+from official_resnet.experiments import get_experiment, with_batch_schedule  # noqa: E402
 from official_resnet import batch_plan  # noqa: E402
 
 TRAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py")

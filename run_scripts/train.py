@@ -39,7 +39,7 @@ import tensorflow as tf  # noqa: E402
 import tftorus  # noqa: E402
 import tftorus.keras  # noqa: E402
 from flags.config import EMBEDDED_DATA_DIR, define_flags, resolve  # noqa: E402
-from flags.experiments import get_experiment, with_batch_schedule  # noqa: E402
+from official_resnet.experiments import get_experiment, with_batch_schedule  # noqa: E402
 from official_resnet import batch_plan, dataset_info, embedded_data  # noqa: E402
 from official_resnet import input_pipeline, run_plan  # noqa: E402
 from official_resnet import checkpointing  # noqa: E402

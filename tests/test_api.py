@@ -51,6 +51,20 @@ class ApiTest(tf.test.TestCase):
                 module.DistributedOptimizer("sgd")
 
 
+    def test_a_horovod_whose_seam_differs_is_refused_by_name(self):
+        from unittest import mock
+
+        import horovod.tensorflow as hvd_tf
+        from tftorus import optimizer
+        optimizer.check_seam()  # the installed Horovod's seam is the one we hook
+        with mock.patch.object(hvd_tf, "_make_allreduce_grads_fn",
+                               lambda name, compression, op: None):
+            with self.assertRaisesRegex(ImportError, r"as in Horovod 0\.28\.1; this Horovod "
+                                                     r"\(.*\) has \('name', 'compression', "
+                                                     r"'op'\): install horovod==0\.28\.1"):
+                with optimizer.torus_gradient_reduction(TorusOptions()):  # every wrapper's
+                    pass
+
     def test_the_package_needs_no_study_dependency(self):
         """scipy (the cost model's fit) is a study's dependency: with it unimportable, the
         package and its plan mode's cost model still import. (TensorFlow itself imports scipy

@@ -5,7 +5,7 @@ from absl import flags as absl_flags
 from absl.testing import flagsaver
 
 from flags import config as flag_config
-from flags.experiments import EXPERIMENTS, get_experiment
+from official_resnet.experiments import EXPERIMENTS, get_experiment
 from official_resnet import batch_plan
 from official_resnet.schedules import Schedule
 

@@ -12,7 +12,7 @@ from absl import flags as absl_flags
 from absl.testing import flagsaver
 
 from flags import config as flag_config
-from flags.experiments import get_experiment, with_batch_schedule
+from official_resnet.experiments import get_experiment, with_batch_schedule
 from official_resnet import batch_plan
 from official_resnet.lars import LARS
 from official_resnet.schedules import lr_config_b, lr_overrides

@@ -10,7 +10,7 @@ import tempfile
 import numpy as np
 import tensorflow as tf
 
-from flags.experiments import get_experiment
+from official_resnet.experiments import get_experiment
 from official_resnet import checkpointing, embedded_data
 from official_resnet.schedules import Schedule
 from tests import harness

@@ -8,8 +8,10 @@ legacy optimizers and LossScaleOptimizer. They build their reduction with
 exactly that moment (under a lock) and keep all the rest.
 """
 import contextlib
+import inspect
 import threading
 
+import horovod
 import horovod.tensorflow as hvd_tf
 import tensorflow as tf
 import horovod.tensorflow.keras as hvd_keras
@@ -18,6 +20,25 @@ from tftorus import context, reduction
 from tftorus.reduction import TorusOptions
 
 _SEAM_LOCK = threading.RLock()
+
+# The seam: the parameters of horovod.tensorflow._make_allreduce_grads_fn as Horovod 0.28.1's
+# wrappers call it. A Horovod whose function differs would take our reduction with other
+# arguments, or not call it at all: refuse it at the first wrapper, saying which Horovod works.
+SEAM_PARAMETERS = ("name", "device_dense", "device_sparse", "compression", "sparse_as_dense",
+                   "op", "gradient_predivide_factor", "groups", "process_set")
+
+
+def check_seam() -> None:
+    found = getattr(hvd_tf, "_make_allreduce_grads_fn", None)
+    params = tuple(inspect.signature(found).parameters) if callable(found) else None
+    if params != SEAM_PARAMETERS:
+        version = getattr(horovod, "__version__", "unknown")
+        raise ImportError(
+            f"tftorus reduces gradients inside Horovod's wrappers through "
+            f"horovod.tensorflow._make_allreduce_grads_fn{SEAM_PARAMETERS}, as in Horovod "
+            f"0.28.1; this Horovod ({version}) has "
+            f"{'no such function' if params is None else params}: install horovod==0.28.1 "
+            f"(bash run_scripts/setup.sh does)")
 
 
 @contextlib.contextmanager
@@ -32,6 +53,7 @@ def torus_gradient_reduction(options: TorusOptions):
             name, compression, sparse_as_dense, op, gradient_predivide_factor, groups,
             process_set, options)
 
+    check_seam()
     with _SEAM_LOCK:
         original = hvd_tf._make_allreduce_grads_fn
         hvd_tf._make_allreduce_grads_fn = make_allreduce_grads_fn

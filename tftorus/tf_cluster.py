@@ -270,9 +270,3 @@ def _start_server(cluster: Cluster) -> None:
         task_index=cluster.rank, protocol="grpc", port=_split(cluster.workers[cluster.rank])[1])
     ctx.enable_collective_ops(server_def)
     ctx.ensure_initialized()  # starts the gRPC server now, so peers can reach it
-
-
-def reset_for_tests() -> None:
-    """Forget the cluster (unit tests of discovery only; TF's runtime cannot be restarted)."""
-    global _cluster, _discovered
-    _cluster = _discovered = None

@@ -69,12 +69,6 @@ class Experiment:
                              f"{gpus} GPUs")
         return gpus
 
-    def phase_at(self, paper_epoch: float) -> Phase:
-        for p in self.phases:
-            if p.start <= paper_epoch < p.end:
-                return p
-        return self.phases[-1]
-
 
 EXPERIMENTS = {
     "ref": Experiment("Reference", 1024, "B", 0.0, (Phase(0, 90, 32, 32 * K),), 75.40, 505),
