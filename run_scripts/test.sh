@@ -10,7 +10,7 @@
 #   bash run_scripts/test.sh tests/test_grid.py -k planner   # these tests, whatever their tier
 #
 # CI (.ci/run) runs --all. Measured on 2 cores (2026-11-25): --all 27.5 min from a fresh clone
-# with set-up (24.5 of tests), the default tier alone 10.6 min, --quick 1.0 min.
+# with set-up (24.5 of tests), the default tier alone 10.1 min, --quick 1.0 min.
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$repo/run_scripts/setup.sh"
