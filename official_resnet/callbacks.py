@@ -22,7 +22,7 @@ import logging
 import math
 import os
 import sys
-from typing import Callable, Iterable, List, Optional, Sequence, Tuple
+from typing import Callable, Iterable, List, Optional
 
 import tensorflow as tf
 

@@ -19,13 +19,16 @@ from typing import Callable, List, Optional, Sequence
 
 import tensorflow as tf
 
+from tftorus.optimizer import reducing_optimizer
+
 _ATTRIBUTE = "_tftorus_accumulation"  # a plain attribute: never saved with the optimizer
 
 
 class Accumulation:
     """The micro-batch count of an update, the micro-batches seen of the current one, and the
-    sums. The sums are made the first time `step` traces, outside the function (so the step
-    traces once), and are neither weights nor checkpointed: at an epoch's end they are empty."""
+    sums. The sums are made by `build` before the step traces (so it traces once; `step` makes
+    them itself otherwise), and are neither weights nor checkpointed: at an epoch's end they
+    are empty."""
 
     def __init__(self, count: int = 1):
         self.count = tf.Variable(int(count), dtype=tf.int64, trainable=False,
@@ -89,19 +92,12 @@ def of(optimizer, create: bool = True) -> Optional[Accumulation]:
     if optimizer is None:
         raise ValueError("the model has no optimizer yet: model.compile(optimizer=tftorus.keras."
                          "DistributedOptimizer(...), ...) first")
-    found = _holder(optimizer)
+    found = reducing_optimizer(optimizer)
     accumulation = getattr(found, _ATTRIBUTE, None)
     if accumulation is None and create:
         accumulation = Accumulation()
         object.__setattr__(found, _ATTRIBUTE, accumulation)  # untracked: not the optimizer's
     return accumulation
-
-
-def _holder(optimizer):
-    inner = optimizer
-    while not hasattr(inner, "_allreduce_grads") and hasattr(inner, "inner_optimizer"):
-        inner = inner.inner_optimizer  # LossScaleOptimizer around ours
-    return inner
 
 
 class _Reduction:
@@ -155,7 +151,7 @@ def enable(optimizer) -> Accumulation:
     """Make `optimizer` (a tftorus DistributedOptimizer) accumulate through its Accumulation in
     Keras' own train step; returns the Accumulation. Call before the step traces
     (BatchSizeControl does, at the start of fit)."""
-    holder = _holder(optimizer)
+    holder = reducing_optimizer(optimizer)
     if not hasattr(holder, "_allreduce_grads"):
         raise TypeError(f"{type(optimizer).__name__} cannot change its micro-batches per update: "
                         f"compile with tftorus.keras.DistributedOptimizer("

@@ -20,18 +20,27 @@ import tensorflow as tf
 from tftorus import accumulation as micro_batches
 
 
+def _accumulation(model: tf.keras.Model, create: bool) -> Optional[micro_batches.Accumulation]:
+    """The model's own (a train step that accumulates itself, `model.micro_batch_accumulation`,
+    e.g. RecipeModel's), else its optimizer's (made when `create`, else None if none yet)."""
+    own = getattr(model, "micro_batch_accumulation", None)
+    if own is not None or model.optimizer is None:
+        return own
+    return micro_batches.of(model.optimizer, create=create)
+
+
 def accumulation_of(model: tf.keras.Model) -> micro_batches.Accumulation:
     """The Accumulation whose count sets `model`'s micro-batches per update: its own when its
-    train step accumulates itself (`model.micro_batch_accumulation`, e.g. RecipeModel's), else
-    its compiled optimizer's, which then accumulates in Keras' own train step. The train step is
-    traced again if fit traced it before (at the first call of a fit, so at no cost)."""
+    train step accumulates itself, else its compiled optimizer's, which then accumulates in
+    Keras' own train step. The train step is traced again if fit traced it before (at the
+    first call of a fit, so at no cost)."""
     own = getattr(model, "micro_batch_accumulation", None)
     if own is not None:
         return own
     if model.optimizer is None:
         raise ValueError("BatchSizeControl needs a compiled model: model.compile(optimizer="
                          "tftorus.keras.DistributedOptimizer(...), loss=...) first")
-    enabled = micro_batches.of(model.optimizer, create=False) is not None
+    enabled = _accumulation(model, create=False) is not None
     accumulation = micro_batches.enable_for(model)
     if not enabled and model.train_function is not None:
         model.train_function = model.make_train_function(force=True)
@@ -40,9 +49,7 @@ def accumulation_of(model: tf.keras.Model) -> micro_batches.Accumulation:
 
 def micro_batches_per_update(model: tf.keras.Model) -> int:
     """1 unless `model` accumulates (BatchSizeControl or a model that accumulates itself)."""
-    own = getattr(model, "micro_batch_accumulation", None)
-    found = own if own is not None else (micro_batches.of(model.optimizer, create=False)
-                                         if model.optimizer is not None else None)
+    found = _accumulation(model, create=False)
     return int(found.count.numpy()) if found is not None else 1
 
 

@@ -153,15 +153,22 @@ def load_model(filepath, *args, **kwargs):
     return over_the_torus(hvd_keras.load_model, filepath, args, kwargs, takes_process_set=False)
 
 
+def reducing_optimizer(optimizer):
+    """The optimizer that reduces (ours, inside a LossScaleOptimizer if any), or the innermost
+    one when none does."""
+    inner = optimizer
+    while not hasattr(inner, "_allreduce_grads") and hasattr(inner, "inner_optimizer"):
+        inner = inner.inner_optimizer  # LossScaleOptimizer around ours
+    return inner
+
+
 def reduce_gradients(optimizer, grads, variables):
     """Average `grads` over the workers with the reduction `optimizer` was built with (a tftorus
     DistributedOptimizer, or a LossScaleOptimizer around one): for train steps that accumulate
     micro-batches themselves and reduce once per update, with the optimizer's own algorithm,
     grid, compression and fusion. Extra tensors may ride in the same fused all-reduce with None
     as their variable (a loss, for one). A plain optimizer on one process: returned unchanged."""
-    inner = optimizer
-    while not hasattr(inner, "_allreduce_grads") and hasattr(inner, "inner_optimizer"):
-        inner = inner.inner_optimizer  # LossScaleOptimizer around ours
+    inner = reducing_optimizer(optimizer)
     if hasattr(inner, "_allreduce_grads"):  # set by Horovod's wrapper to tftorus' reduction
         return list(inner._allreduce_grads(list(grads), list(variables)))
     if context._state is not None and context._state.comm.size > 1:
