@@ -76,6 +76,15 @@ class Communicator(abc.ABC):
             return tensor
         return self._all_gather(tensor, group, equal_sizes)
 
+    def fuses_all_reduce(self, dtype: tf.DType, group: Group) -> bool:
+        """Whether the engine itself fuses a sum of `dtype` over `group` with the others that are
+        ready at the same time (Horovod's background thread packs whatever is ready in each cycle
+        into one buffer). Such sums are best handed over tensor by tensor: each leaves as soon as
+        it exists, and no pack or unpack copy of ours is added to the engine's own. Engines whose
+        collectives go one op, one message (TF's) do not, and get our buckets instead."""
+        del dtype, group
+        return False
+
     @property
     def rank_ordered_sums(self) -> bool:
         """Whether `sum_in_rank_order` really sums in rank order: its reduce-scatter is the

@@ -79,15 +79,22 @@ class HorovodCommunicator(Communicator):
         received = _move(hvd.alltoall, tensor, ps)  # chunk j of every member -> member j
         return sum_in_fp32(tf.reshape(received, [len(group), -1]))
 
+    def _sums_16bit_in_rank_order(self, dtype, group) -> bool:
+        """Whether a 16-bit sum goes by all-to-all + FP32 sum + all-gather, not hvd.allreduce.
+        Over two members it need not: Gloo adds each pair once, in FP32, and rounds once to
+        FP16, the same bits as the FP32 sum in rank order; across emulated hosts the all-to-all
+        plus all-gather made the torus' FP16 column 0.93 of a ring where its bytes allow 0.67
+        (docs/emulated_cluster.md)."""
+        return (dtype in (tf.float16, tf.bfloat16) and self.sum_16bit_in_fp32
+                and not (dtype == tf.float16 and len(group) == 2))
+
+    def fuses_all_reduce(self, dtype, group):
+        # Every sum that is one hvd.allreduce; Horovod does not fuse its all-to-alls.
+        return not self._sums_16bit_in_rank_order(dtype, group)
+
     def _all_reduce(self, tensor, group, op):
         ps = self.process_set(group)
-        if op == "sum" and tensor.dtype in (tf.float16, tf.bfloat16) and self.sum_16bit_in_fp32:
-            if tensor.dtype == tf.float16 and len(group) == 2:
-                # Two members: Gloo adds each pair once, in FP32, and rounds once to FP16, the
-                # same bits as the FP32 sum in rank order; across emulated hosts the all-to-all
-                # plus all-gather made the torus' FP16 column 0.93 of a ring where its bytes
-                # allow 0.67 (docs/emulated_cluster.md).
-                return hvd.allreduce(tensor, op=hvd.Sum, process_set=ps)
+        if op == "sum" and self._sums_16bit_in_rank_order(tensor.dtype, group):
             return self.sum_in_rank_order(tensor, group)
         if tensor.dtype == tf.bfloat16:
             wide = hvd.allreduce(tf.cast(tensor, tf.float32), op=_HVD_OPS[op], process_set=ps)

@@ -185,6 +185,11 @@ def _reduce_bucket(comm: Communicator, grid: TorusGrid, algorithm: str, wire, bu
     """One bucket: pack its tensors, sum them over the world with `algorithm`, cut them apart."""
     if bucket.length == 0:  # nothing to send: every rank agrees (checked before)
         return [tf.reshape(wire[i], s) for i, s in zip(bucket.indices, bucket.shapes)]
+    if algorithm == "ring" and comm.fuses_all_reduce(bucket.dtype, comm.world()):
+        # A flat sum on an engine that fuses by itself (Horovod): tensor by tensor, each as
+        # soon as it exists, and no pack/unpack copies on top of the engine's own; this is
+        # Horovod's optimizer's own path, which the buckets made 1.12x slower on one host.
+        return [comm.all_reduce(wire[i], comm.world()) for i in bucket.indices]
     chunks = algorithms.pipeline_chunks(algorithm, grid, comm, bucket.nbytes, pipeline_chunks,
                                         bucket.dtype)
     packed = fusion.pack(wire, bucket, algorithms.alignment(algorithm, grid, chunks))

@@ -107,12 +107,12 @@ def build(cls=Probe):
     return cls(inputs, outputs)
 
 
-def run(threshold_bytes):
+def run(threshold_bytes, algorithm="torus"):
     """Train STEPS steps; per step, back - ready on this rank (seconds)."""
     for v in clock.values():
         v.clear()
     model = build()
-    opt = tftorus.keras.DistributedOptimizer(tf.keras.optimizers.SGD(0.01), algorithm="torus",
+    opt = tftorus.keras.DistributedOptimizer(tf.keras.optimizers.SGD(0.01), algorithm=algorithm,
                                              grid=GRID, fusion_threshold_bytes=threshold_bytes)
     model.compile(opt, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     rank = world.rank()
@@ -141,6 +141,16 @@ def run_recipe(accumulation=2):
     return [b - r for r, b in zip(last_micro, clock["back"])]
 
 
+def ring_ops(comm) -> dict:
+    """How many of each op a traced 'ring' all-reduce of five tensors holds (traced, not run)."""
+    tensors = [tf.TensorSpec(s, tf.float32) for s in [(3,), (5, 2), (), (7,), (4, 4)]]
+    fn = tf.function(lambda ts: tftorus.fused_allreduce(ts, "sum", algorithm="ring", comm=comm))
+    ops = {}
+    for op in fn.get_concrete_function(tensors).graph.get_operations():
+        ops[op.type] = ops.get(op.type, 0) + 1
+    return ops
+
+
 def every_rank(per_step) -> np.ndarray:
     """[step][rank] from this rank's list of per-step values."""
     mine = tf.one_hot(world.rank(), world.size(), dtype=tf.float64)[None, :] * \
@@ -156,6 +166,11 @@ def main():
     model, overlap = run(threshold_bytes=64 << 10)  # several buckets, ready order
     _, joined = run(threshold_bytes=1 << 30)  # one bucket: the control
     recipe = run_recipe()
+    comm = context.communicator()
+    # On Horovod a flat sum goes tensor by tensor (Horovod fuses what is ready): it overlaps as
+    # Horovod's own optimizer does, with no bucket of ours, even with one 'bucket' planned.
+    flat = every_rank(run(threshold_bytes=1 << 30, algorithm="ring")[1]) if ENGINE == "horovod" \
+        else None
     overlap, joined, recipe = every_rank(overlap), every_rank(joined), every_rank(recipe)
     # Steps after the first (which traces and warms up). Without overlap no rank can have a
     # bucket back before every rank's backward pass is over, so back - ready > 0 on every rank.
@@ -167,7 +182,11 @@ def main():
     # overlap must show in a majority of the steps, and the control in none.
     measured = range(1, STEPS)
     checks += 2 + len(measured)  # overlap, recipe, and the control at every step
-    for name, runs in (("", overlap), ("the recipe's step, ", recipe)):
+    checks += flat is not None
+    for name, runs in (("", overlap), ("the recipe's step, ", recipe),
+                       ("'ring' tensor by tensor, ", flat)):
+        if runs is None:
+            continue
         seen = [step for step in measured if runs[step].min() < 0]
         if 2 * len(seen) <= len(measured):
             failures.append(f"{ENGINE}: {name}back - ready per step and rank "
@@ -180,7 +199,6 @@ def main():
                             f"{np.round(joined[step], 3).tolist()} s; expected > 0 on every rank")
     # Every rank plans the same buckets and algorithms.
     grads = [tf.zeros(v.shape, v.dtype) for v in model.trainable_variables]
-    comm = context.communicator()
     grid = context.grid_for("torus", GRID)
     plan = [(algorithms.choose("auto", grid, comm, b.nbytes), b.indices,
              b.shapes) for b in fusion.plan_buckets(grads, 64 << 10)]
@@ -189,9 +207,19 @@ def main():
     checks += 1
     if len(set(digests.numpy().tolist())) != 1:
         failures.append(f"{ENGINE}: ranks planned different buckets: {digests.numpy()}")
+    # What the ring sends: five sums and the consistency check's on Horovod, with no pack of
+    # ours (the one concat is the check's); one packed buffer on the tf engine, whose
+    # collectives do not fuse.
+    ops, checks = ring_ops(comm), checks + 1
+    sums = ops.get("HorovodAllreduce", 0) + ops.get("CollectiveReduceV2", 0)
+    want = (6, 1) if ENGINE == "horovod" else (2, 2)
+    if (sums, ops.get("ConcatV2", 0)) != want:
+        failures.append(f"{ENGINE}: a 'ring' all-reduce of five tensors traced to {sums} sums "
+                        f"and {ops.get('ConcatV2', 0)} concats, expected {want}: {ops}")
     if rank == 0:
         print(f"back - ready, seconds, [step][rank]: ready order {np.round(overlap, 3).tolist()}, "
-              f"one bucket {np.round(joined, 3).tolist()}, recipe {np.round(recipe, 3).tolist()}; "
+              f"one bucket {np.round(joined, 3).tolist()}, recipe {np.round(recipe, 3).tolist()}, "
+              f"ring {None if flat is None else np.round(flat, 3).tolist()}; "
               f"{len(plan)} buckets", flush=True)
     finish(rank, checks, failures, f"{ENGINE} overlap: ")
 
