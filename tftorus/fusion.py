@@ -12,7 +12,9 @@ which depend only on that bucket's gradients, go out while the earlier layers ar
 differentiated; one buffer of every gradient could leave only after the whole backward pass.
 The threshold (16 MiB by default) trades that overlap against the fixed cost of each bucket's
 collectives (a few ms each); ResNet-50's 98 MiB of FP32 gradients make 7 buckets. The plan
-depends only on the tensors' shapes and dtypes, so it is the same on every rank.
+depends only on the tensors' shapes and dtypes, so it is the same on every rank. A bucket whose
+sum the engine fuses by itself (Horovod's all-reduce) is not packed: its tensors go one by one
+(reduction.py).
 """
 import dataclasses
 from typing import List, Sequence, Tuple
