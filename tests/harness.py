@@ -115,15 +115,36 @@ def shared(key, launch):
 
 
 # One horovodrun world of four ranks on the Horovod engine runs these checking workers in turn
-# (tests/workers/suite.py); one intra-op thread per rank, which the overlap check needs
-# (tests/workers/overlap.py says why).
-FOUR_RANK_SUITE = ("allreduce_check", "gradient_semantics", "overlap")
+# (tests/workers/suite.py), then trains every training-equivalence mode into the suite's
+# directory (tests/test_training_equivalence.py reads it); one intra-op thread per rank, which
+# the overlap check needs (tests/workers/overlap.py says why).
+FOUR_RANK_SUITE = ("allreduce_check", "gradient_semantics", "overlap")  # they report "N checks"
 FOUR_RANK_ENV = {"TF_NUM_INTRAOP_THREADS": "1"}
+EQUIVALENCE_MODES = "fit,fit_legacy,tape,accumulate,mixed"
 
 
-def four_rank_suite() -> Result:
-    return shared(("suite", FOUR_RANK_SUITE), lambda: run(
-        [worker("suite.py"), *FOUR_RANK_SUITE], np=4, timeout=900, env=FOUR_RANK_ENV))
+def four_rank_suite() -> Tuple[str, Result]:
+    """(the directory train_equivalence wrote to, the launch's result)."""
+    return _suite("horovod", [*FOUR_RANK_SUITE, f"train_equivalence:{EQUIVALENCE_MODES}:{{out}}"])
+
+
+# The same on the tf engine under horovodrun (TF's collectives, Horovod's rendezvous only):
+# tf_engine_check first, as its init() registers every grid of four ranks; then the overlap;
+# then the training-equivalence mode `tape`.
+TF_SUITE = ("tf_engine_check", "overlap")  # they report "N checks, M failed"
+
+
+def four_rank_tf_suite() -> Tuple[str, Result]:
+    """(the directory train_equivalence wrote to, the launch's result)."""
+    return _suite("tf", ["tf_engine_check", "overlap:tf", "train_equivalence:tape:{out}"])
+
+
+def _suite(engine: str, specs: Sequence[str]) -> Tuple[str, Result]:
+    def start():
+        out = tempfile.mkdtemp(prefix=f"tftorus-suite-{engine}-")
+        return out, run([worker("suite.py"), *(s.format(out=out) for s in specs)], np=4,
+                        timeout=900, env={**FOUR_RANK_ENV, "TFTORUS_ENGINE": engine})
+    return shared(("suite", engine), start)
 
 
 def _ranks_without_failure(output: str, name: str):

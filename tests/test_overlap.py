@@ -19,14 +19,16 @@ class OverlapTest(tf.test.TestCase):
 
     def test_horovod_engine(self):
         # in the four-rank world other tests share (tests/harness.FOUR_RANK_SUITE)
-        result = harness.four_rank_suite()
+        result = harness.four_rank_suite()[1]
         failure = harness.suite_report(result, "overlap", 4, harness.FOUR_RANK_SUITE)
         self.assertFalse(failure, failure)
         self.check_counts(result)
 
     def test_tf_engine(self):
-        result = harness.run([harness.worker("overlap.py"), "tf"], np=4, timeout=240)
-        self.assertEqual(result.returncode, 0, harness.describe(result))
+        # in the four-rank tf-engine world other tests share (tests/harness.four_rank_tf_suite)
+        _, result = harness.four_rank_tf_suite()
+        failure = harness.suite_report(result, "overlap", 4, harness.TF_SUITE)
+        self.assertFalse(failure, failure)
         self.check_counts(result)
 
 

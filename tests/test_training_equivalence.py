@@ -8,7 +8,8 @@ a custom loop with DistributedGradientTape, backward_passes_per_step=2, and mixe
 checks run on the tf engine (TensorFlow's collective ops), as TF_CONFIG processes without any
 Horovod runtime and under horovodrun, and the two engines must agree with each other.
 
-One launch trains every mode (one process, four workers): the tests read their own mode's
+One launch trains every mode (one process; four workers inside the four-rank world that other
+checks share, tests/harness.four_rank_suite): the tests read their own mode's
 weights and lines from it.
 """
 import os
@@ -22,7 +23,7 @@ from tests import harness
 RTOL = 1e-5  # per variable: max |difference| / max |weight|
 
 
-MODES = "fit,fit_legacy,tape,accumulate,mixed"  # every mode, one launch per world and engine
+MODES = harness.EQUIVALENCE_MODES  # every mode, one launch per world and engine
 
 
 def load(directory, rank):
@@ -33,6 +34,12 @@ def load(directory, rank):
 def launch(modes, np_, engine="horovod", launcher="horovodrun", algorithm=""):
     """One job training every mode in `modes`: (its output directory, its result). Shared by the
     tests that read the same job (tests/harness.shared). algorithm: '' for the default."""
+    # Two of these jobs run inside the four-rank worlds that other checks share
+    if (modes, np_, engine, launcher, algorithm) == (MODES, 4, "horovod", "horovodrun", ""):
+        return harness.four_rank_suite()
+    if (modes, np_, engine, launcher, algorithm) == ("tape", 4, "tf", "horovodrun", ""):
+        return harness.four_rank_tf_suite()
+
     def start():
         out = tempfile.mkdtemp(prefix=f"tftorus-eq-{np_}-{engine}-{launcher}-")
         argv = [harness.worker("train_equivalence.py"), modes, out]

@@ -60,14 +60,15 @@ def model(seed):
     ])
 
 
-def main(modes, out_dir):
+def main():
+    """Trains the modes of sys.argv[1] into sys.argv[2] (also inside tests/workers/suite.py)."""
+    modes, out_dir = sys.argv[1], sys.argv[2]
     hvd.init(engine=ENGINE)
     for mode in modes.split(","):
         tf.keras.backend.clear_session()
         tf.keras.mixed_precision.set_global_policy("mixed_float16" if mode == "mixed" else
                                                    "float32")
         train(mode, os.path.join(out_dir, mode))
-    tftorus.shutdown()  # every rank is past its last collective before any exits
 
 
 def train(mode, out_dir):
@@ -116,4 +117,5 @@ def train(mode, out_dir):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main()
+    tftorus.shutdown()  # every rank is past its last collective before any exits
