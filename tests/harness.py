@@ -125,7 +125,18 @@ EQUIVALENCE_MODES = "fit,fit_legacy,tape,accumulate,mixed"
 
 def four_rank_suite() -> Tuple[str, Result]:
     """(the directory train_equivalence wrote to, the launch's result)."""
-    return _suite("horovod", [*FOUR_RANK_SUITE, f"train_equivalence:{EQUIVALENCE_MODES}:{{out}}"])
+    return _suite(4, "horovod",
+                  [*FOUR_RANK_SUITE, f"train_equivalence:{EQUIVALENCE_MODES}:{{out}}"])
+
+
+# Two ranks on the Horovod engine: the all-reduce checks, the non-finite step, and the recipe's
+# batch-size control in a user's fit (weights to the suite's directory).
+TWO_RANK_SUITE = ("allreduce_check", "nonfinite_step")  # they report "N checks, M failed"
+
+
+def two_rank_suite() -> Tuple[str, Result]:
+    """(the directory batch_size_control_fit wrote to, the launch's result)."""
+    return _suite(2, "horovod", [*TWO_RANK_SUITE, "batch_size_control_fit:{out}"])
 
 
 # The same on the tf engine under horovodrun (TF's collectives, Horovod's rendezvous only):
@@ -136,15 +147,15 @@ TF_SUITE = ("tf_engine_check", "overlap")  # they report "N checks, M failed"
 
 def four_rank_tf_suite() -> Tuple[str, Result]:
     """(the directory train_equivalence wrote to, the launch's result)."""
-    return _suite("tf", ["tf_engine_check", "overlap:tf", "train_equivalence:tape:{out}"])
+    return _suite(4, "tf", ["tf_engine_check", "overlap:tf", "train_equivalence:tape:{out}"])
 
 
-def _suite(engine: str, specs: Sequence[str]) -> Tuple[str, Result]:
+def _suite(np: int, engine: str, specs: Sequence[str]) -> Tuple[str, Result]:
     def start():
-        out = tempfile.mkdtemp(prefix=f"tftorus-suite-{engine}-")
-        return out, run([worker("suite.py"), *(s.format(out=out) for s in specs)], np=4,
+        out = tempfile.mkdtemp(prefix=f"tftorus-suite-{np}-{engine}-")
+        return out, run([worker("suite.py"), *(s.format(out=out) for s in specs)], np=np,
                         timeout=900, env={**FOUR_RANK_ENV, "TFTORUS_ENGINE": engine})
-    return shared(("suite", engine), start)
+    return shared(("suite", np, engine), start)
 
 
 def _ranks_without_failure(output: str, name: str):

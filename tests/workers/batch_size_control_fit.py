@@ -40,7 +40,9 @@ class UpdateLog(tf.keras.callbacks.Callback):
                             "batch_per_update": k * self.micro_batch * self.workers})
 
 
-def main(out_dir):
+def main():
+    """Trains into sys.argv[1] (also inside tests/workers/suite.py)."""
+    out_dir = sys.argv[1]
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
     rng = np.random.RandomState(1234)
@@ -71,9 +73,9 @@ def main(out_dir):
              *[v.numpy().astype(np.float64) for v in model.trainable_variables])
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(log.epochs, f)
-    tftorus.shutdown()
     print(f"rank {rank}/{size} done", flush=True)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main()
+    tftorus.shutdown()

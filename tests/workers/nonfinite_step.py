@@ -14,36 +14,43 @@ from official_resnet.lars import LARS
 from official_resnet.recipe_model import RecipeModel
 import report  # noqa: E402  (tests/workers)
 
-tftorus.init()
-rank, size = tftorus.rank(), tftorus.size()
-tf.keras.utils.set_random_seed(5)
-model = RecipeModel.wrap(tf.keras.Sequential([
-    tf.keras.layers.Dense(8, activation="tanh", input_shape=(6,)), tf.keras.layers.Dense(4)]),
-    label_smoothing=0.1)
-model.compile(optimizer=tftorus.keras.DistributedOptimizer(LARS(learning_rate=0.1, momentum=0.9)))
-optimizer = model.optimizer
-rng = np.random.RandomState(rank)
-checks, failures, verdicts = 0, [], []
-for i in range(3):
-    images = rng.standard_normal((8, 6)).astype(np.float32)
-    if i == 1 and rank == size - 1:
-        images[3, 2] = np.nan  # only the last rank sees the bad value
-    before = [v.numpy().copy() for v in model.variables + optimizer.variables]
-    model.train_on_batch(tf.constant(images), tf.constant(rng.randint(0, 4, 8)))
-    applied = model.last_applied.numpy()
-    after = [v.numpy() for v in model.variables + optimizer.variables]
-    verdicts.append(bool(applied))
-    unchanged = all(np.array_equal(a, b) for a, b in zip(before, after))
+
+def main():
+    tftorus.init()
+    rank, size = tftorus.rank(), tftorus.size()
+    tf.keras.utils.set_random_seed(5)
+    model = RecipeModel.wrap(tf.keras.Sequential([
+        tf.keras.layers.Dense(8, activation="tanh", input_shape=(6,)), tf.keras.layers.Dense(4)]),
+        label_smoothing=0.1)
+    model.compile(optimizer=tftorus.keras.DistributedOptimizer(
+        LARS(learning_rate=0.1, momentum=0.9)))
+    optimizer = model.optimizer
+    rng = np.random.RandomState(rank)
+    checks, failures, verdicts = 0, [], []
+    for i in range(3):
+        images = rng.standard_normal((8, 6)).astype(np.float32)
+        if i == 1 and rank == size - 1:
+            images[3, 2] = np.nan  # only the last rank sees the bad value
+        before = [v.numpy().copy() for v in model.variables + optimizer.variables]
+        model.train_on_batch(tf.constant(images), tf.constant(rng.randint(0, 4, 8)))
+        applied = model.last_applied.numpy()
+        after = [v.numpy() for v in model.variables + optimizer.variables]
+        verdicts.append(bool(applied))
+        unchanged = all(np.array_equal(a, b) for a, b in zip(before, after))
+        checks += 1
+        if i == 1 and (bool(applied) or not unchanged):
+            failures.append(f"step {i}: applied={bool(applied)}, state unchanged={unchanged}")
+        if i != 1 and (not bool(applied) or unchanged):
+            failures.append(f"step {i}: a finite step was not applied")
+    # Every rank holds the same weights after the skipped step (no rank went its own way).
+    mine = tf.concat([tf.reshape(v, [-1]) for v in model.variables], 0)
+    spread = tftorus.allreduce(mine, op=tftorus.Max) - tftorus.allreduce(mine, op=tftorus.Min)
     checks += 1
-    if i == 1 and (bool(applied) or not unchanged):
-        failures.append(f"step {i}: applied={bool(applied)}, state unchanged={unchanged}")
-    if i != 1 and (not bool(applied) or unchanged):
-        failures.append(f"step {i}: a finite step was not applied")
-# Every rank holds the same weights after the skipped step (no rank went its own way).
-mine = tf.concat([tf.reshape(v, [-1]) for v in model.variables], 0)
-spread = tftorus.allreduce(mine, op=tftorus.Max) - tftorus.allreduce(mine, op=tftorus.Min)
-checks += 1
-if float(tf.reduce_max(tf.abs(spread))) != 0.0:
-    failures.append("ranks' weights differ after the skipped step")
-print(f"[rank {rank}] verdicts {verdicts}", flush=True)
-report.finish(rank, checks, failures, what="non-finite step: ")
+    if float(tf.reduce_max(tf.abs(spread))) != 0.0:
+        failures.append("ranks' weights differ after the skipped step")
+    print(f"[rank {rank}] verdicts {verdicts}", flush=True)
+    report.finish(rank, checks, failures, what="non-finite step: ")
+
+
+if __name__ == "__main__":
+    main()
