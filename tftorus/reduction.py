@@ -144,12 +144,22 @@ def fused_allreduce(tensors: Sequence[tf.Tensor], op="sum", *, algorithm: str = 
     buffer size and engine, see algorithms.pipeline_chunks; 1: off). Each element is summed by
     the same ranks either way; see algorithms.py for when the last bit can differ.
     """
+    options = TorusOptions(algorithm=algorithm, grid=grid,
+                           fusion_threshold_bytes=fusion_threshold_bytes,
+                           check_consistency=check_consistency, engine=engine,
+                           pipeline_chunks=pipeline_chunks)
+    return _reduce(options, tensors, op, compression, prescale_factor, postscale_factor, comm,
+                   torus_grid)
+
+
+def _reduce(options: TorusOptions, tensors: Sequence[tf.Tensor], op, compression,
+            prescale_factor: float, postscale_factor: float, comm: Optional[Communicator],
+            torus_grid: Optional[TorusGrid]) -> List[tf.Tensor]:
+    """fused_allreduce with its knobs as one TorusOptions (the optimizers hold one)."""
     op = op_name(op)
-    algorithms.check_algorithm(algorithm)
-    algorithms.check_chunks(pipeline_chunks)
     check_compression(compression)
-    comm = comm or context.communicator(engine)
-    torus_grid = torus_grid or context.grid_for(algorithm, grid, engine)
+    comm = comm or context.communicator(options.engine)
+    torus_grid = torus_grid or context.grid_for(options.algorithm, options.grid, options.engine)
     for i, t in enumerate(tensors):
         if t is None:
             raise ValueError(f"tensor #{i} is None: hand the all-reduce tensors only (a variable "
@@ -162,10 +172,10 @@ def fused_allreduce(tensors: Sequence[tf.Tensor], op="sum", *, algorithm: str = 
         w, ctx = compression.compress(_scale(t, prescale_factor))
         wire.append(w)
         ctxs.append(ctx)
-    buckets = fusion.plan_buckets(wire, fusion_threshold_bytes)
-    chosen = [algorithms.choose(algorithm, torus_grid, comm, b.nbytes) for b in buckets]
+    buckets = fusion.plan_buckets(wire, options.fusion_threshold_bytes)
+    chosen = [algorithms.choose(options.algorithm, torus_grid, comm, b.nbytes) for b in buckets]
     checks = []
-    if check_consistency and comm.size > 1:
+    if options.check_consistency and comm.size > 1:
         signature = f"{torus_grid}|{op}|" + ";".join(
             f"{name}:{b.dtype.name}{b.shapes}" for name, b in zip(chosen, buckets))
         checks = [c for c in [_consistency_check(comm, buckets, signature)] if c is not None]
@@ -173,7 +183,8 @@ def fused_allreduce(tensors: Sequence[tf.Tensor], op="sum", *, algorithm: str = 
     with tf.control_dependencies(checks):
         for k, (name, bucket) in enumerate(zip(chosen, buckets)):  # in ready order
             with tf.name_scope(f"bucket{k}"):  # names a bucket's ops in traces and timelines
-                pieces = _reduce_bucket(comm, torus_grid, name, wire, bucket, pipeline_chunks)
+                pieces = _reduce_bucket(comm, torus_grid, name, wire, bucket,
+                                        options.pipeline_chunks)
             for i, piece in zip(bucket.indices, pieces):
                 out[i] = _finish(compression.decompress(piece, ctxs[i]), postscale_factor,
                                  comm.size if op == "average" else 1)
@@ -182,20 +193,17 @@ def fused_allreduce(tensors: Sequence[tf.Tensor], op="sum", *, algorithm: str = 
 
 def _reduce_bucket(comm: Communicator, grid: TorusGrid, algorithm: str, wire, bucket,
                    pipeline_chunks: Optional[int]) -> List[tf.Tensor]:
-    """One bucket: pack its tensors, sum them over the world with `algorithm`, cut them apart."""
+    """One bucket: pack its tensors, sum them over the world with `algorithm`, cut them apart
+    (or hand them to `algorithm` one by one, where it does not pack: algorithms.packs)."""
     if bucket.length == 0:  # nothing to send: every rank agrees (checked before)
         return [tf.reshape(wire[i], s) for i, s in zip(bucket.indices, bucket.shapes)]
-    if algorithm == "ring" and comm.fuses_all_reduce(bucket.dtype, comm.world()):
-        # A flat sum on an engine that fuses by itself (Horovod): tensor by tensor, each as
-        # soon as it exists, and no pack/unpack copies on top of the engine's own; this is
-        # Horovod's optimizer's own path, which the buckets made 1.12x slower on one host.
-        return [comm.all_reduce(wire[i], comm.world()) for i in bucket.indices]
+    reduce = algorithms.ALGORITHMS[algorithm]
+    if not algorithms.packs(algorithm, comm, bucket.dtype):  # each tensor as soon as it exists
+        return [reduce(comm, grid, wire[i], 1) for i in bucket.indices]
     chunks = algorithms.pipeline_chunks(algorithm, grid, comm, bucket.nbytes, pipeline_chunks,
                                         bucket.dtype)
     packed = fusion.pack(wire, bucket, algorithms.alignment(algorithm, grid, chunks))
-    flat = (algorithms.ALGORITHMS[algorithm](comm, grid, packed) if chunks == 1 else
-            algorithms.torus_allreduce(comm, grid, packed, chunks))
-    return fusion.unpack(flat, bucket)
+    return fusion.unpack(reduce(comm, grid, packed, chunks), bucket)
 
 
 def _partition(grads, vars, groups) -> List[List[int]]:
@@ -255,12 +263,7 @@ def make_allreduce_grads_fn(name: str, compression, sparse_as_dense: bool, op,
                 wire, ctx = compression.compress(_scale(t, pre))
                 out.append(_scale(compression.decompress(comm.all_reduce(wire, group), ctx), post))
             return out
-        return fused_allreduce(
-            dense, "sum", algorithm=options.algorithm, compression=compression,
-            prescale_factor=pre, postscale_factor=post,
-            fusion_threshold_bytes=options.fusion_threshold_bytes,
-            check_consistency=options.check_consistency,
-            pipeline_chunks=options.pipeline_chunks, comm=comm, torus_grid=torus_grid)
+        return _reduce(options, dense, "sum", compression, pre, post, comm, torus_grid)
 
     def reduce_sparse(grad: tf.IndexedSlices):
         # As Horovod does: gather every rank's rows; duplicates are summed when applied.
