@@ -14,7 +14,7 @@ The threshold (16 MiB by default) trades that overlap against the fixed cost of 
 collectives (a few ms each); ResNet-50's 98 MiB of FP32 gradients make 7 buckets. The plan
 depends only on the tensors' shapes and dtypes, so it is the same on every rank. A bucket whose
 sum the engine fuses by itself (Horovod's all-reduce) is not packed: its tensors go one by one
-(reduction.py).
+(algorithms.packs).
 """
 import dataclasses
 from typing import List, Sequence, Tuple
