@@ -101,11 +101,10 @@ def _ok(test, result, checks_at_least=1):
 class TFEngineJobsTest(tf.test.TestCase):
     """Each launch runs every check once; N = 10 and 12 run fewer FP16 variants (2 cores)."""
 
-    def run_check(self, np_, launcher, timeout, *extra):
+    def run_check(self, np_, timeout, *extra):
+        """np_ TF_CONFIG processes (four under horovodrun: tests/harness.four_rank_tf_suite)."""
         argv = [harness.worker("tf_engine_check.py"), "--timeout", "120", *extra]
-        if launcher == "tf_config":
-            return harness.run_tf_config(argv, np_, timeout=timeout)
-        return harness.run(argv, np=np_, timeout=timeout)
+        return harness.run_tf_config(argv, np_, timeout=timeout)
 
     def test_one_plain_process(self):
         result = harness.run([harness.worker("tf_engine_check.py")], timeout=120)
@@ -113,7 +112,7 @@ class TFEngineJobsTest(tf.test.TestCase):
         self.assertIn("tf engine (single)", result.output)
 
     def test_two_ranks_tf_config(self):
-        result = self.run_check(2, "tf_config", 180)
+        result = self.run_check(2, 180)
         _ok(self, result, 100)
         self.assertEqual(result.output.count("tf engine (TF_CONFIG)"), 2)
 
@@ -128,15 +127,15 @@ class TFEngineJobsTest(tf.test.TestCase):
         self.assertGreaterEqual(min(counts), 100, harness.describe(result))
 
     def test_six_ranks_tf_config(self):
-        _ok(self, self.run_check(6, "tf_config", 300), 100)
+        _ok(self, self.run_check(6, 300), 100)
 
     def test_ten_ranks_tf_config(self):
-        result = self.run_check(10, "tf_config", 420, "--light")
+        result = self.run_check(10, 420, "--light")
         _ok(self, result, 100)
         self.assertIn("'5x2', '2x5'", result.output)
 
     def test_twelve_ranks_task_name_order(self):
-        result = self.run_check(12, "tf_config", 480, "--light")
+        result = self.run_check(12, 480, "--light")
         _ok(self, result, 100)
         differs = [int(k) for k in re.findall(r"order differs from rank order in (\d+)",
                                               result.output)]
