@@ -1,4 +1,5 @@
-"""The all-reduce cost model at the paper's scale, and fitted to measured times.
+"""The all-reduce cost model at the paper's scale, and fitted to measured times (the fit
+and the step model: studies/cost_calibration.py).
 
     python -m studies.scale_model
         paper scale: ring, hierarchical and torus on ABCI-like parameters (documented, nothing
@@ -27,6 +28,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from studies import cost_calibration as cal
 from tftorus import cost_model as cm
 from tftorus.grid import PAPER_GRIDS, GridError, TorusGrid, parse_grid, plan_grid
 
@@ -47,20 +49,20 @@ def paper_grid(algorithm: str, size: int) -> TorusGrid:
     """Table 4's grid for the torus (the planner's below 1024), a row per node otherwise."""
     if algorithm == "torus" and size in PAPER_GRIDS:
         return TorusGrid(size=size, x=PAPER_GRIDS[size][1])
-    return cm.default_grid(algorithm, size, 4)
+    return cm.grid_for_algorithm(algorithm, size, 4)
 
 
 def step_model(overlap: float = 0.0, nics_per_rank: Optional[int] = None,
-               params: Optional[cm.Params] = None) -> cm.StepModel:
+               params: Optional[cm.Params] = None) -> cal.StepModel:
     model = cm.CostModel(params or cm.abci_params(), cm.abci_topology(nics_per_rank))
-    return cm.StepModel(model, overlap=overlap)
+    return cal.StepModel(model, overlap=overlap)
 
 
-def torus_efficiencies(sm: cm.StepModel) -> List[float]:
+def torus_efficiencies(sm: cal.StepModel) -> List[float]:
     return [sm.efficiency("torus", n, paper_grid("torus", n)) for n in PAPER_SIZES[1:]]
 
 
-def print_paper_scale(sm: cm.StepModel) -> None:
+def print_paper_scale(sm: cal.StepModel) -> None:
     p, topo = sm.model.params, sm.model.topology
     print("## Paper scale: ABCI-like parameters (documented, nothing fitted)\n")
     print(f"- gradients: ResNet-50, {cm.RESNET50_PARAMS:,} parameters in FP16 = "
@@ -86,24 +88,27 @@ def print_paper_scale(sm: cm.StepModel) -> None:
         line = f"| {n} | {paper_grid('torus', n)} |"
         for a in ALGOS:
             g = paper_grid(a, n)
-            line += (f" {sm.comm_seconds(a, n, g) * 1e3:.1f} | {sm.images_per_second(a, n, g):,.0f} |"
-                     f" {sm.efficiency(a, n, g):.1f} |")
-        if n in cm.PAPER_TABLE6_EFFICIENCY:
-            eff = cm.PAPER_TABLE6_EFFICIENCY[n]
+            line += (f" {sm.comm_seconds(a, n, g) * 1e3:.1f} |"
+                     f" {sm.images_per_second(a, n, g):,.0f} | {sm.efficiency(a, n, g):.1f} |")
+        if n in cal.PAPER_TABLE6_EFFICIENCY:
+            eff = cal.PAPER_TABLE6_EFFICIENCY[n]
             diff = sm.efficiency("torus", n, paper_grid("torus", n)) - eff
-            line += f" {cm.PAPER_TABLE6[n]:,} | {eff:.2f} | {diff:+.1f} |"
+            line += f" {cal.PAPER_TABLE6[n]:,} | {eff:.2f} | {diff:+.1f} |"
         else:
-            line += f" {cm.PAPER_TABLE6[n]:,} | (base) | |"
+            line += f" {cal.PAPER_TABLE6[n]:,} | (base) | |"
         print(line)
     print("\n(ms: the all-reduce alone; img/s and efficiency: whole steps; efficiency against "
           "Table 6's 4-GPU throughput x N/4, as the paper's.)\n")
-    check = {n: sm.model.seconds("ring", paper_grid("ring", n), 48.0) * 1e3 for n in PAPER_SIZES}
+    check = {n: sm.model.seconds("ring", paper_grid("ring", n), 48.0) * 1e3
+             for n in PAPER_SIZES}
     print("tftorus adds a consistency check per step (a 48-byte max all-reduce over the world); "
-          "as a flat ring it would cost " + ", ".join(f"{v:.1f} ms at {n}" for n, v in check.items())
-          + " (latency only, not in the table above; NCCL picks a tree for small messages, whose steps grow as log N).\n")
+          "as a flat ring it would cost "
+          + ", ".join(f"{v:.1f} ms at {n}" for n, v in check.items())
+          + " (latency only, not in the table above; NCCL picks a tree for small messages, "
+            "whose steps grow as log N).\n")
 
 
-def print_breakdown(sm: cm.StepModel) -> None:
+def print_breakdown(sm: cal.StepModel) -> None:
     print("## Where the time goes (per rank, one all-reduce of the gradients)\n")
     print("| GPUs | algorithm | grid | phase | steps | link | ranks per host crossing | "
           "MB sent | ms |")
@@ -114,7 +119,8 @@ def print_breakdown(sm: cm.StepModel) -> None:
             for phase, t in sm.model.breakdown(a, g, sm.nbytes):
                 shown = "world" if a == "ring" else g
                 print(f"| {n} | {a} | {shown} | {phase.name} | {phase.steps} | {phase.link} | "
-                      f"{phase.max_senders or '-'} | {phase.sent_bytes / 1e6:.1f} | {t * 1e3:.2f} |")
+                      f"{phase.max_senders or '-'} | {phase.sent_bytes / 1e6:.1f} | "
+                      f"{t * 1e3:.2f} |")
     print()
 
 
@@ -134,7 +140,7 @@ def solve_inter_bandwidth(target_eff: float, size: int) -> float:
 
 def print_sensitivity() -> Dict[str, List[float]]:
     print("## Assumptions varied one at a time (torus efficiency %, Table 4 grids)\n")
-    calib_bw = solve_inter_bandwidth(cm.PAPER_TABLE6_EFFICIENCY[1024], 1024)
+    calib_bw = solve_inter_bandwidth(cal.PAPER_TABLE6_EFFICIENCY[1024], 1024)
     rows = [
         ("base: both HCAs shared by the ranks crossing a node, no overlap", step_model()),
         ("one HCA per rank (a ring leaving a node uses one 12.5 GB/s HCA)",
@@ -154,8 +160,9 @@ def print_sensitivity() -> Dict[str, List[float]]:
         effs = torus_efficiencies(sm)
         out[label] = effs
         print(f"| {label} | " + " | ".join(f"{e:.1f}" for e in effs) + " |")
-    print("| Table 6 | " + " | ".join(f"{cm.PAPER_TABLE6_EFFICIENCY[n]:.2f}" for n in sizes) + " |")
-    implied = [solve_inter_bandwidth(cm.PAPER_TABLE6_EFFICIENCY[n], n) / cm.GB for n in sizes]
+    print("| Table 6 | " + " | ".join(f"{cal.PAPER_TABLE6_EFFICIENCY[n]:.2f}" for n in sizes)
+          + " |")
+    implied = [solve_inter_bandwidth(cal.PAPER_TABLE6_EFFICIENCY[n], n) / cm.GB for n in sizes]
     print("| DIAGNOSTIC, solved per size: inter-host GB/s per HCA at which the base model gives "
           "Table 6 | " + " | ".join(f"{b:.2f}" for b in implied) + " |")
     base = step_model()
@@ -164,7 +171,7 @@ def print_sensitivity() -> Dict[str, List[float]]:
           f"model step (compute + torus) | model torus | unexplained |")
     print("|---|---|---|---|---|---|")
     for n in sizes:
-        measured = n * cm.PAPER_BATCH_PER_GPU / cm.PAPER_TABLE6[n]
+        measured = n * cal.PAPER_BATCH_PER_GPU / cal.PAPER_TABLE6[n]
         model = base.step_seconds("torus", n, paper_grid("torus", n))
         comm = base.comm_seconds("torus", n, paper_grid("torus", n))
         print(f"| {n} | {measured * 1e3:.2f} | {(measured - base.base_step_seconds) * 1e3:.2f} | "
@@ -173,7 +180,7 @@ def print_sensitivity() -> Dict[str, List[float]]:
     return out
 
 
-def print_planner(sm: cm.StepModel) -> None:
+def print_planner(sm: cal.StepModel) -> None:
     print("## Grid planner: squarest (default) and by cost, against Table 4\n")
     model, n_bytes = sm.model, sm.nbytes
     print("| GPUs | Table 4 | torus ms | plan_grid (squarest, whole nodes) | torus ms | "
@@ -205,8 +212,8 @@ def plot(png: str, sensitivity_label: str) -> None:
     ax.plot(CURVE_SIZES, [one_hca.efficiency("torus", n, paper_grid("torus", n))
                           for n in CURVE_SIZES],
             ls="--", color="tab:blue", label=f"torus (model, {sensitivity_label})")
-    sizes = sorted(cm.PAPER_TABLE6_EFFICIENCY)
-    ax.plot(sizes, [cm.PAPER_TABLE6_EFFICIENCY[n] for n in sizes], "k*", ms=11, ls="none",
+    sizes = sorted(cal.PAPER_TABLE6_EFFICIENCY)
+    ax.plot(sizes, [cal.PAPER_TABLE6_EFFICIENCY[n] for n in sizes], "k*", ms=11, ls="none",
             label="paper, Table 6 (2D torus)")
     ax.set_xscale("log", base=2)
     ticks = (4, 16, 64, 256, 1024, 2048, 4096)  # 3456 sits just left of 4096, unlabelled
@@ -287,7 +294,8 @@ def workload_bytes(workload: str) -> int:
             m.group(2).upper()])
     if workload.startswith("resnet50"):
         return 4 * cm.RESNET50_PARAMS
-    raise CsvError(f"cannot tell the bytes of workload {workload!r}; the CSV needs a 'bytes' column")
+    raise CsvError(f"cannot tell the bytes of workload {workload!r}; the CSV needs a 'bytes' "
+                   f"column")
 
 
 def read_rows(path: str, single_host: bool) -> List[dict]:
@@ -374,7 +382,7 @@ class Point:
             why = "empty"
         return engine, tuple(phases), why
 
-    def measurement(self, cores: int = 0, ref_gbit: float = 0.0) -> cm.Measurement:
+    def measurement(self, cores: int = 0, ref_gbit: float = 0.0) -> cal.Measurement:
         """cores: ranks / cores stretches CPU-side costs; ref_gbit: beta_inter is fitted for a
         link of that rate, and this row's inter-host bytes count ref_gbit / link_gbit times."""
         phases = self.phases
@@ -382,12 +390,12 @@ class Point:
             phases = tuple(dataclasses.replace(
                 p, inter_weighted_bytes=p.inter_weighted_bytes * ref_gbit / self.gbit)
                 for p in phases)
-        return cm.Measurement(self.label, phases, self.seconds,
+        return cal.Measurement(self.label, phases, self.seconds,
                               cpu_factor=max(1.0, self.size / cores) if cores else 1.0)
 
 
 def fit_and_report(path: str, single_host: bool, flag: float,
-                   cores: int = 0) -> Dict[str, cm.FitResult]:
+                   cores: int = 0) -> Dict[str, cal.FitResult]:
     points = [Point(r) for r in read_rows(path, single_host)]
     points = [p for p in points if p.seconds > 0]
     print(f"## Fit to measured times: {path} ({len(points)} rows)\n")
@@ -407,7 +415,7 @@ def fit_and_report(path: str, single_host: bool, flag: float,
         if len(fit_pts) < 2:
             print(f"engine {engine}: {len(fit_pts)} usable row(s), not enough to fit\n")
             continue
-        result = cm.fit([p.measurement(cores, ref_gbit) for p in fit_pts])
+        result = cal.fit([p.measurement(cores, ref_gbit) for p in fit_pts])
         results[engine] = result
         print(f"### engine {engine}: {len(fit_pts)} rows fitted, rms relative error "
               f"{result.rms_relative_error * 100:.1f} %\n")
@@ -415,7 +423,7 @@ def fit_and_report(path: str, single_host: bool, flag: float,
         print("|---|---|---|")
         for name, value in result.params.as_dict().items():
             note = "not determined by these rows (left at 0)" if name in result.undetermined else ""
-            print(f"| {name} ({cm.PARAM_UNITS[name]}) | {value:.4g} | "
+            print(f"| {name} ({cal.PARAM_UNITS[name]}) | {value:.4g} | "
                   f"{describe_param(name, value)} {note} |")
         if ref_gbit:
             others = sorted(set(rates) - {ref_gbit})
