@@ -295,7 +295,7 @@ def phase_fns(setup: Setup, workload: Workload, tensors) -> Dict[str, tuple]:
                 for p, t in zip(fusion.unpack(f, b), [tensors[i] for i in b.indices])]
 
     def check(_):
-        return comm.all_reduce(tf.zeros([6], tf.int64), comm.world(), op="max")
+        return comm.all_reduce(tf.zeros([6], tf.int64), comm.all_ranks(), op="max")
 
     tf_comm = setup.tf_comm
     tf_phases = {} if tf_comm is None else {
@@ -337,12 +337,6 @@ def phase_fns(setup: Setup, workload: Workload, tensors) -> Dict[str, tuple]:
 # Timing
 # ==================================================================================================
 
-def barrier():
-    import horovod.tensorflow as hvd
-    import tensorflow as tf
-    hvd.allreduce(tf.zeros([1]), op=hvd.Sum, name="bench_barrier").numpy()
-
-
 def run_fn(fn, inputs) -> list:
     """Call a variant; tf.function returns finished tensors (listed, for the caller)."""
     out = fn(inputs)
@@ -350,7 +344,9 @@ def run_fn(fn, inputs) -> list:
 
 
 def run_once(fn, inputs) -> float:
-    barrier()
+    from tftorus import context
+    # Horovod's barrier whatever --engines says, so the line-up is the same in every run
+    context.communicator("horovod").barrier()
     start = time.perf_counter()
     run_fn(fn, inputs)
     return time.perf_counter() - start

@@ -40,8 +40,14 @@ class Communicator(abc.ABC):
     def local_size(self) -> int:
         """Processes on this host (the row length of hierarchical all-reduce)."""
 
-    def world(self) -> Group:
+    def all_ranks(self) -> Group:
+        """The group of every rank."""
         return tuple(range(self.size))
+
+    def barrier(self) -> None:
+        """Return when every rank has called it (call it eagerly): a one-element all-reduce
+        over all ranks, so each engine's barrier is its own collective, written once here."""
+        self.all_reduce(tf.zeros([1], tf.int32), self.all_ranks())
 
     def reduce_scatter(self, tensor: tf.Tensor, group: Sequence[int]) -> tf.Tensor:
         """Sum a 1-D tensor over `group`; return the member's equal shard (its index in group)."""

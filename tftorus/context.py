@@ -14,7 +14,6 @@ import os
 from typing import Iterable, List, Optional, Tuple
 
 import horovod.tensorflow as hvd
-import tensorflow as tf
 
 from tftorus.communicator import Communicator
 from tftorus.grid import GridError, GridSpec, TorusGrid, hierarchical_grid, resolve_grid
@@ -205,6 +204,11 @@ def _log_grid():
                     g.sequential_steps, 2 * (g.size - 1))
 
 
+def is_initialized() -> bool:
+    """Whether tftorus.init() (or a tftorus call under a running Horovod) started tftorus."""
+    return _state is not None
+
+
 def state() -> _State:
     """The running state; starts it if Horovod runs but tftorus.init() was not called."""
     if _state is None:
@@ -290,10 +294,13 @@ def shutdown():
     Not for error paths: a barrier there could wait for ranks that will never arrive.
     """
     global _state
-    if _state is not None and _state.comm.engine == "tf":
-        _state.comm.barrier()  # task 0 resolves every group: it must outlive the last collective
+    if _state is not None:
+        # On the tf engine task 0 resolves every group: it must outlive the last collective.
+        _state.comm.barrier()
     if hvd.is_initialized():
-        if hvd.size() > 1:
-            hvd.allreduce(tf.constant(0), op=hvd.Sum, name="tftorus_shutdown_barrier")
+        if _state is None or _state.comm.engine != "horovod":
+            # Horovod beside the tf engine (or started alone): its own world waits too, so no
+            # rank stops it, or leaves task 0's barrier, while a peer is still in either.
+            HorovodCommunicator().barrier()
         hvd.shutdown()
     _state = None

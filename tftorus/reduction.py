@@ -116,7 +116,7 @@ def _consistency_check(comm: Communicator, buckets, signature: str):
     """
     digest = zlib.crc32(signature.encode()) & 0x7FFFFFFF
     sig = tf.constant([len(buckets), sum(b.length for b in buckets), digest], tf.int64)
-    both = comm.all_reduce(tf.concat([sig, -sig], 0), comm.world(), op="max")
+    both = comm.all_reduce(tf.concat([sig, -sig], 0), comm.all_ranks(), op="max")
     return tf.debugging.assert_equal(
         both[:3], -both[3:],
         message="tftorus: ranks handed different tensors to the all-reduce (bucket count, "
@@ -267,8 +267,8 @@ def make_allreduce_grads_fn(name: str, compression, sparse_as_dense: bool, op,
 
     def reduce_sparse(grad: tf.IndexedSlices):
         # As Horovod does: gather every rank's rows; duplicates are summed when applied.
-        values = comm.all_gather(grad.values, group or comm.world())
-        indices = comm.all_gather(grad.indices, group or comm.world())
+        values = comm.all_gather(grad.values, group or comm.all_ranks())
+        indices = comm.all_gather(grad.indices, group or comm.all_ranks())
         if op == "average":
             values = values / tf.cast(set_size, values.dtype)
         return tf.IndexedSlices(values, indices, grad.dense_shape)

@@ -158,7 +158,7 @@ class TFCollectiveCommunicator(Communicator):
         self._used_instance_keys: Dict[Group, set] = {}
         self._tokens: Dict[Group, tf.Variable] = {}
         self._trace_counts = weakref.WeakKeyDictionary()  # graph -> {signature: calls so far}
-        canonical = sorted({tuple(sorted(g)) for g in groups} | {self.world()},
+        canonical = sorted({tuple(sorted(g)) for g in groups} | {self.all_ranks()},
                            key=lambda g: (len(g), g))
         for g in canonical:
             if len(g) > 1:
@@ -371,11 +371,6 @@ class TFCollectiveCommunicator(Communicator):
         order = self.tf_order(group)
         pieces = [blocks[order.index(m), :sizes[i]] for i, m in enumerate(group)]
         return tf.concat(pieces, 0)
-
-    def barrier(self) -> None:
-        """Every rank waits here until all have arrived (a one-element world all-reduce)."""
-        if self.size > 1:
-            self._all_reduce(tf.zeros([1], tf.int32), self.world(), "sum")
 
 
 def _max_message_bytes(value: Optional[int]) -> int:

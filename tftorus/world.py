@@ -3,7 +3,7 @@
 Where Horovod runs (the Horovod engine, or the tf engine started with `with_horovod=True`)
 these are Horovod's own. Otherwise (the tf engine, under horovodrun or on a TF_CONFIG cluster)
 the answers come from the TensorFlow cluster and the data moves over the tf engine's
-collectives.
+collectives. barrier() is the running communicator's (Communicator.barrier), whichever engine.
 """
 from typing import Sequence
 
@@ -11,6 +11,7 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from tftorus import context, reduction
+from tftorus.horovod_engine import HorovodCommunicator
 
 
 def rank() -> int:
@@ -31,8 +32,13 @@ def allreduce_sum(tensor, name: str = "tftorus_sum") -> tf.Tensor:
 
 
 def barrier() -> None:
-    """Return when every rank has called it."""
-    allreduce_sum(tf.constant(0, tf.int32), name="tftorus_barrier")
+    """Return when every rank has called it: the running communicator's barrier."""
+    if hvd.is_initialized() and not context.is_initialized():
+        # Horovod alone (hvd.init(), no tftorus.init()): adopting it could need process sets it
+        # lacks, but a world needs none, so a bare Horovod communicator answers.
+        HorovodCommunicator().barrier()
+    else:
+        context.communicator().barrier()  # raises "call tftorus.init()" when nothing runs
 
 
 def broadcast_variables(variables: Sequence[tf.Variable], root_rank: int = 0) -> None:

@@ -82,7 +82,7 @@ def groups():
         for group in (g.row_group(RANK), g.col_group(RANK)):
             if len(group) > 1 and group not in seen:
                 seen.append(group)
-    return seen + ([comm.world()] if comm.world() not in seen else [])
+    return seen + ([comm.all_ranks()] if comm.all_ranks() not in seen else [])
 
 
 def check_primitives(group, seed):
@@ -145,7 +145,7 @@ def check_split_messages():
     and in a tf.function: results must be laid out exactly as with one message."""
     saved, comm.max_message_bytes = comm.max_message_bytes, 1024
     try:
-        for group in (comm.world(),) + tuple(g for g in groups() if len(g) > 1)[:2]:
+        for group in (comm.all_ranks(),) + tuple(g for g in groups() if len(g) > 1)[:2]:
             n, pos = len(group), group.index(RANK)
             length = 601 * n  # 2404-byte blocks: pieces of 802, 802, 800 bytes
             inputs = [wide(data(r, 800, (length,), tf.float32)) for r in group]
