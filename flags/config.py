@@ -2,8 +2,9 @@
 
 `define_flags()` defines every flag (all optional, so tests import this without parsing argv).
 `resolve(flag_values)` applies the experiment's row of Table 3, then the explicit overrides,
-checks the result, and returns a `TrainConfig`: the one object the training code reads. It is
-logged on rank 0 and written next to the checkpoints.
+checks the result, and returns a `TrainConfig`, written next to the checkpoints as config.json.
+`resolve_run(flag_values)` goes on to the run specification (official_resnet.run_spec.RunSpec:
+the experiment's phases, batches and workers), which every entry point reads.
 """
 import dataclasses
 import json
@@ -12,9 +13,17 @@ from typing import Optional
 from absl import flags
 
 from official_resnet.experiments import PAPER_EPOCHS, get_experiment
-from official_resnet.batch_plan import GPUS_PER_PHASE_HELP, phase_workers
+from official_resnet.batch_plan import GPUS_PER_PHASE_HELP
+from official_resnet.embedded_data import DEFAULT_DATA_DIR
+from official_resnet.run_spec import RunSpec
 
-EMBEDDED_DATA_DIR = "data/embedded"
+# A field that a run resumed from its checkpoints may change: where and how it communicates and
+# how long it may take, not what it computes (official_resnet.checkpointing.check_config).
+MAY_DIFFER = {"may_differ_on_resume": True}
+
+
+def _may_differ():
+    return dataclasses.field(metadata=MAY_DIFFER)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,9 +36,9 @@ class TrainConfig:
     batch_divisor: int  # every total batch of the table is divided by this
     max_micro_batch: Optional[int]  # per-worker cap; above it, gradients accumulate
     batch_schedule: Optional[str]  # 'TOTAL@START,...' replacing the experiment's batches
-    gpus_per_phase: str  # 'fixed', 'paper' or 'W1,W2,...' (official_resnet/batch_plan.py)
+    gpus_per_phase: str = _may_differ()  # 'fixed', 'paper' or 'W1,W2,...' (official_resnet/batch_plan.py)
     # --- data ---
-    data_dir: str
+    data_dir: str = _may_differ()
     image_size: int
     label_offset: int
     num_classes: int  # 0: from the data set's manifest, else 1000 (ImageNet)
@@ -51,28 +60,33 @@ class TrainConfig:
     lr_scale: float  # multiplies the LR schedule: 1 / batch_divisor unless --lr_scale is given
     lr_scale_from: str  # 'batch_divisor' (the linear scaling rule) or 'flag' (--lr_scale)
     # --- communication ---
-    algorithm: str
-    engine: str
-    collective_timeout: float
-    heartbeat_timeout: float  # seconds of silence after which a worker counts as lost
-    stall_timeout: float  # seconds without progress (while others moved on): a stalled worker
-    grid: str
+    algorithm: str = _may_differ()
+    engine: str = _may_differ()
+    collective_timeout: float = _may_differ()
+    heartbeat_timeout: float = _may_differ()  # seconds of silence after which a worker counts as lost
+    stall_timeout: float = _may_differ()  # seconds without progress (while others moved on): a stalled worker
+    grid: str = _may_differ()
     compression: str
-    fusion_threshold_mb: float
+    fusion_threshold_mb: float = _may_differ()
     # --- evaluation and output ---
     bn_stat_batches: int
     eval_every: float  # epochs between evaluations
-    model_dir: str
+    model_dir: str = _may_differ()
     seed: int
-    max_steps: Optional[int]  # stop early (tests, smoke runs); None: the whole schedule
-    resume: str  # 'auto', 'never' or a checkpoint directory (official_resnet/checkpointing.py)
-    stop_at_epoch: Optional[float]  # finish this epoch, checkpoint, exit 0
-    keep_checkpoints: int  # newest checkpoints kept (phase-boundary ones are always kept)
-    on_nonfinite: str  # 'skip' or 'stop': a step with inf/NaN gradients or loss
-    max_nonfinite_skips: int  # consecutive skipped steps that stop the run anyway
+    max_steps: Optional[int] = _may_differ()  # stop early (tests, smoke runs); None: the whole schedule
+    resume: str = _may_differ()  # 'auto', 'never' or a checkpoint directory (official_resnet/checkpointing.py)
+    stop_at_epoch: Optional[float] = _may_differ()  # finish this epoch, checkpoint, exit 0
+    keep_checkpoints: int = _may_differ()  # newest checkpoints kept (phase-boundary ones are always kept)
+    on_nonfinite: str = _may_differ()  # 'skip' or 'stop': a step with inf/NaN gradients or loss
+    max_nonfinite_skips: int = _may_differ()  # consecutive skipped steps that stop the run anyway
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
+
+    @classmethod
+    def may_differ_on_resume(cls) -> frozenset:
+        return frozenset(f.name for f in dataclasses.fields(cls) if f.metadata.get(
+            "may_differ_on_resume"))
 
 
 def define_flags():
@@ -102,7 +116,7 @@ def define_flags():
     d.DEFINE_float("base_lr", None, "peak LR of configuration A (default 34, the paper's)")
     d.DEFINE_float("warmup_epochs", None, "run epochs of linear LR warm-up (default: the LR "
                    "configuration's, scaled to --epochs); 0 for none (configuration A only)")
-    d.DEFINE_string("data_dir", EMBEDDED_DATA_DIR,
+    d.DEFINE_string("data_dir", DEFAULT_DATA_DIR,
                     "ImageNet TFRecords (train-*, validation-*); the default is generated offline")
     d.DEFINE_integer("image_size", 224, "training and evaluation crop size in pixels")
     d.DEFINE_integer("label_offset", 1, "subtracted from image/class/label (ImageNet: 1-based)")
@@ -156,6 +170,11 @@ def define_flags():
                      "stop anyway after this many skipped steps in a row (a diverged run)")
 
 
+def resolve_run(fv=None) -> RunSpec:
+    """The flags resolved (`resolve`), then the run they specify; ValueError naming fixes."""
+    return RunSpec.from_config(resolve(fv))
+
+
 def resolve(fv=None) -> TrainConfig:
     """Experiment row, then explicit flags; every value checked. Raises ValueError naming fixes."""
     fv = fv or flags.FLAGS
@@ -165,17 +184,7 @@ def resolve(fv=None) -> TrainConfig:
     if lr_config not in ("A", "B"):
         raise ValueError(f"--lr_config must be A or B, got {fv.lr_config!r}")
     smoothing = experiment.label_smoothing if fv.label_smoothing is None else fv.label_smoothing
-    if fv.batch_schedule:
-        from official_resnet.experiments import with_batch_schedule
-        # malformed: a clear error now
-        experiment = with_batch_schedule(experiment, fv.batch_schedule)
     gpus_per_phase = str(fv.gpus_per_phase).strip().lower().replace(" ", "")
-    if gpus_per_phase == "paper" and fv.batch_schedule:
-        raise ValueError("--gpus_per_phase=paper follows Table 3's GPU counts, which "
-                         "--batch_schedule replaces; give one count per phase instead "
-                         "(--gpus_per_phase=W1,W2,...)")
-    if gpus_per_phase != "fixed":  # malformed or not whole: a clear error now
-        phase_workers(experiment, gpus_per_phase, batch_divisor=max(1, fv.batch_divisor))
     checks = [
         (fv.base_lr is None or fv.base_lr > 0, f"--base_lr must be > 0, got {fv.base_lr}"),
         (fv.base_lr is None or lr_config == "A",

@@ -4,7 +4,8 @@ Layout under `model_dir/checkpoints/`:
 
     epoch-0001.000/          one checkpoint: written as .tmp-epoch-0001.000-<pid>, renamed when whole
         ckpt.index, ckpt.data-*      tf.train.Checkpoint(model, optimizer, samples_seen, steps)
-        state.json           epoch, samples_seen, steps, phase, world size, batches, seed, input position
+        state.json           a CheckpointState: where the run stands (epoch, samples, steps,
+                             phase, world size, batches, seed, input position, clock), versioned
         manifest.json        size and sha256 of every other file; written last
     latest                   name of the newest checkpoint (replaced atomically)
 
@@ -14,12 +15,13 @@ interrupted write, a truncated or altered file) is never loaded: loading falls b
 previous valid checkpoint with a warning. The last `keep` checkpoints are kept, plus every one
 that ends a phase of the batch plan (where the world size may change).
 """
+import dataclasses
 import hashlib
 import json
 import logging
 import os
 import shutil
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Collection, Dict, Iterable, List, Optional, Tuple
 
 import tensorflow as tf
 
@@ -31,19 +33,55 @@ MANIFEST = "manifest.json"
 STATE = "state.json"
 PREFIX = "ckpt"
 TMP_PREFIX = ".tmp-"
-FORMAT_VERSION = 1
-
-# Config keys that may differ between a run and its resumption: where and how it communicates
-# and how long it may take, not what it computes.
-MAY_DIFFER = frozenset({
-    "engine", "grid", "algorithm", "fusion_threshold_mb", "collective_timeout", "model_dir",
-    "data_dir", "max_steps", "stop_at_epoch", "resume", "on_nonfinite", "max_nonfinite_skips",
-    "keep_checkpoints", "gpus_per_phase",
-})
+FORMAT_VERSION = 1  # of state.json and manifest.json; a newer one is refused by name
 
 
 class CheckpointError(ValueError):
     """A checkpoint or model directory that cannot be used as asked (message names the fix)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointState:
+    """Where a run stands at a checkpoint (its state.json). The variables (weights, optimizer
+    slots, samples seen, steps) are in the TensorFlow checkpoint beside it; this says how to go
+    on: which phase, on how many workers, at which input position, with which clock."""
+
+    epoch: float  # data epochs done (samples seen / data-set size)
+    phase: int  # index of the phase the epoch is in (its last epoch at a boundary)
+    world_size: int
+    total_batch: int  # the phase's total batch when saved
+    phase_boundary: bool = False  # the epoch ends its phase: the world size may change here
+    keras_epoch: int = 0  # Keras epochs done
+    samples_seen: int = 0
+    steps: int = 0  # optimizer updates, skipped ones included
+    per_worker_batch: int = 0
+    accumulation: int = 1
+    micro_batch: int = 0
+    input_batches_in_phase: int = 0  # micro-batches taken from the running fit's dataset
+    seed: int = 0
+    exp: str = ""
+    epochs: float = 0.0  # the run's length
+    bn_stat_batches: int = 0
+    elapsed: float = 0.0  # training seconds so far (the run's clock)
+    nonfinite_skips_in_a_row: int = 0  # skipped updates just before this epoch's end
+    format: int = FORMAT_VERSION
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, saved: Dict, where: str = "state.json") -> "CheckpointState":
+        if not isinstance(saved, dict):
+            raise CheckpointError(f"{where} is not a checkpoint state (a JSON object)")
+        version = saved.get("format", FORMAT_VERSION)
+        if not isinstance(version, int) or version > FORMAT_VERSION:
+            raise CheckpointError(f"{where} has format {version!r}, newer than this code's "
+                                  f"{FORMAT_VERSION}: resume with the version that wrote it")
+        names = {f.name for f in dataclasses.fields(cls)}
+        try:
+            return cls(**{k: v for k, v in saved.items() if k in names})
+        except TypeError as error:  # a field missing
+            raise CheckpointError(f"{where} is not a checkpoint state: {error}") from None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -94,7 +132,7 @@ def checkpoint_name(epoch: float) -> str:
     return f"epoch-{epoch:08.3f}"
 
 
-def verify(path: str) -> Dict:
+def verify(path: str) -> CheckpointState:
     """The state of a complete checkpoint directory; raises CheckpointError when it is not one."""
     manifest_path = os.path.join(path, MANIFEST)
     if os.path.basename(os.path.normpath(path)).startswith(TMP_PREFIX):
@@ -120,7 +158,7 @@ def verify(path: str) -> Dict:
         if _sha256(file_path) != entry["sha256"]:
             raise CheckpointError(f"{path}: {name} does not match its sha256 in the manifest")
     with open(os.path.join(path, STATE)) as f:
-        return json.load(f)
+        return CheckpointState.from_dict(json.load(f), os.path.join(path, STATE))
 
 
 def list_checkpoints(model_dir: str) -> List[str]:
@@ -132,7 +170,8 @@ def list_checkpoints(model_dir: str) -> List[str]:
             if not n.startswith(TMP_PREFIX) and os.path.isdir(os.path.join(root, n))]
 
 
-def latest_valid(model_dir: str, warn: bool = True) -> Optional[Tuple[str, Dict]]:
+def latest_valid(model_dir: str, warn: bool = True
+                 ) -> Optional[Tuple[str, CheckpointState]]:
     """(path, state) of the newest checkpoint that verifies, or None. Invalid newer ones are
     skipped with a warning. The `latest` pointer is for people and tools; the verified
     directories decide (a pointer could name one whose files were damaged since)."""
@@ -146,15 +185,15 @@ def latest_valid(model_dir: str, warn: bool = True) -> Optional[Tuple[str, Dict]
     return None
 
 
-def phase_to_run(state: Optional[Dict]) -> int:
+def phase_to_run(state: Optional[CheckpointState]) -> int:
     """Index of the phase a run continues with from a checkpoint's state.json: 0 when there is
     none, its phase when it is inside one, the next at a phase boundary (past the last: done)."""
     if state is None:
         return 0
-    return state["phase"] + (1 if state.get("phase_boundary") else 0)
+    return state.phase + (1 if state.phase_boundary else 0)
 
 
-def find_resume(resume: str, model_dir: str) -> Optional[Tuple[str, Dict]]:
+def find_resume(resume: str, model_dir: str) -> Optional[Tuple[str, CheckpointState]]:
     """--resume: 'never' -> None; 'auto' -> the newest valid checkpoint in model_dir (or None);
     anything else: that checkpoint directory, which must verify."""
     if resume == "never":
@@ -179,17 +218,16 @@ class CheckpointWriter:
         self.checkpoint, self.model_dir, self.keep = checkpoint, model_dir, max(1, keep)
         self.root = checkpoints_dir(model_dir)
 
-    def save(self, state: Dict) -> str:
+    def save(self, state: CheckpointState) -> str:
         os.makedirs(self.root, exist_ok=True)
-        name = checkpoint_name(state["epoch"])
+        name = checkpoint_name(state.epoch)
         final = os.path.join(self.root, name)
         tmp = os.path.join(self.root, f"{TMP_PREFIX}{name}-{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(tmp)
         self.checkpoint.write(os.path.join(tmp, PREFIX))
-        state = dict(state, format=FORMAT_VERSION)
         with open(os.path.join(tmp, STATE), "w") as f:
-            json.dump(state, f, indent=2, sort_keys=True)
+            f.write(state.to_json())
         files = {}
         for n in sorted(os.listdir(tmp)):
             p = os.path.join(tmp, n)
@@ -220,9 +258,9 @@ class CheckpointWriter:
                 continue
             try:
                 with open(os.path.join(path, STATE)) as f:
-                    if json.load(f).get("phase_boundary"):
+                    if CheckpointState.from_dict(json.load(f)).phase_boundary:
                         continue
-            except (OSError, ValueError):
+            except (OSError, ValueError):  # CheckpointError too
                 pass  # invalid and old: remove
             shutil.rmtree(path, ignore_errors=True)
         for n in os.listdir(self.root):
@@ -290,8 +328,9 @@ def set_aside_newer(model_dir: str, resumed: str) -> List[str]:
 # ------------------------------------------------------------------------------------------------
 # Start-up checks (every rank runs them before anything is written)
 # ------------------------------------------------------------------------------------------------
-def check_config(model_dir: str, config: Dict) -> bool:
-    """Compare with the config.json of a run already in model_dir. Returns True when one exists
+def check_config(model_dir: str, config: Dict, may_differ: Collection[str] = ()) -> bool:
+    """Compare with the config.json of a run already in model_dir, except the keys in
+    `may_differ` (flags.config.TrainConfig.may_differ_on_resume()). Returns True when one exists
     (and matches); raises CheckpointError naming the differing flags otherwise."""
     path = os.path.join(model_dir, "config.json")
     if not os.path.isfile(path):
@@ -305,7 +344,7 @@ def check_config(model_dir: str, config: Dict) -> bool:
         except ValueError as error:
             raise CheckpointError(f"{path} is not valid JSON ({error}); use another --model_dir")
     differing = sorted(k for k in set(saved) & set(config)
-                       if k not in MAY_DIFFER and "timeout" not in k and saved[k] != config[k])
+                       if k not in may_differ and saved[k] != config[k])
     if differing:
         details = ", ".join(f"--{k}={saved[k]!r} there, {config[k]!r} now" for k in differing)
         raise CheckpointError(
@@ -314,32 +353,31 @@ def check_config(model_dir: str, config: Dict) -> bool:
     return True
 
 
-def check_world(state: Dict, path: str, plans, world_size: int, model_dir: str) -> None:
+def check_world(state: CheckpointState, path: str, plans, world_size: int,
+                model_dir: str) -> None:
     """A new world size is fine only at a phase boundary (the batch plan re-derives per-worker
     batch and accumulation from it); inside a phase the input position would not carry over."""
-    if state["world_size"] == world_size or state.get("phase_boundary"):
-        pass
-    else:
+    if state.world_size != world_size and not state.phase_boundary:
         boundary = None
         for p, s in reversed([c for c in ((c, _state_or_none(c)) for c in
                                           list_checkpoints(model_dir)) if c[1]]):
-            if s.get("phase_boundary") and s["epoch"] <= state["epoch"] + 1e-9:
+            if s.phase_boundary and s.epoch <= state.epoch + 1e-9:
                 boundary = (p, s)
                 break
-        plan = plans[state["phase"]]
-        fix = (f"resume from the phase-boundary checkpoint at epoch {boundary[1]['epoch']:.3f} "
+        plan = plans[state.phase]
+        fix = (f"resume from the phase-boundary checkpoint at epoch {boundary[1].epoch:.3f} "
                f"(--resume={boundary[0]}) with {world_size} workers, or "
                if boundary else "")
         raise CheckpointError(
-            f"checkpoint {path} (epoch {state['epoch']:.3f}) is inside phase {plan.index + 1} "
+            f"checkpoint {path} (epoch {state.epoch:.3f}) is inside phase {plan.index + 1} "
             f"(epochs {plan.start_epoch:g}-{plan.end_epoch:g}) of a run on "
-            f"{state['world_size']} workers; the world size may change only at a phase "
-            f"boundary: {fix}use {state['world_size']} workers")
-    if state["phase"] < len(plans) and not state.get("phase_boundary"):
-        plan = plans[state["phase"]]
-        if plan.total_batch != state["total_batch"]:
+            f"{state.world_size} workers; the world size may change only at a phase "
+            f"boundary: {fix}use {state.world_size} workers")
+    if state.phase < len(plans) and not state.phase_boundary:
+        plan = plans[state.phase]
+        if plan.total_batch != state.total_batch:
             raise CheckpointError(f"checkpoint {path}: phase {plan.index + 1} has total batch "
-                                  f"{plan.total_batch} now, {state['total_batch']} when saved")
+                                  f"{plan.total_batch} now, {state.total_batch} when saved")
 
 
 def _state_or_none(path):

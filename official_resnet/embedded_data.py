@@ -42,6 +42,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 from PIL import Image, ImageDraw
 
+DEFAULT_DATA_DIR = "data/embedded"  # train.py's default --data_dir: made here on first use
 MANIFEST_NAME = "manifest.json"  # written last: its presence with a matching spec = complete set
 FORMAT_VERSION = 1  # bump when drawing changes, so old sets are regenerated
 SHAPES = ("ellipse", "rectangle", "triangle", "star", "cross")

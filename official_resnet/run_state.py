@@ -10,11 +10,12 @@ of the run's epochs.
 import dataclasses
 import math
 import time
-from typing import Callable, List, Optional
+from typing import List, Optional
 
 import tensorflow as tf
 
 from official_resnet.batch_plan import PhasePlan
+from official_resnet.workers import Workers
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -22,22 +23,6 @@ class NonFiniteLossError(FloatingPointError):
 
 
 NONFINITE_POLICIES = ("skip", "stop")
-
-
-@dataclasses.dataclass
-class World:
-    """Who this process is, and how to sum over all of them."""
-
-    rank: int = 0
-    size: int = 1
-    allreduce_sum: Optional[Callable[[tf.Tensor], tf.Tensor]] = None  # None: one process
-
-    def sum(self, tensor):
-        return tensor if self.allreduce_sum is None else self.allreduce_sum(tensor)
-
-    @property
-    def chief(self) -> bool:
-        return self.rank == 0
 
 
 @dataclasses.dataclass
@@ -70,28 +55,31 @@ def epochs_per_keras_epoch(plans: List[PhasePlan], limit: int = 12) -> float:
 
 @dataclasses.dataclass
 class RunState:
-    """The run as the callbacks see it. samples_seen and steps (optimizer updates, skipped ones
+    """The run as the trainer's callbacks (official_resnet/run_callbacks.py) see it. Each field
+    is written by the one named beside it; the trainer sets the rest when it builds the state
+    (from the checkpoint it resumes). samples_seen and steps (optimizer updates, skipped ones
     included) are variables: they go into every checkpoint."""
 
-    world: World
+    workers: Workers
     plans: List[PhasePlan]
     dataset_size: int
     epoch_fraction: float = 1.0
     model_dir: Optional[str] = None
+    elapsed_before: float = 0.0  # training seconds before a resume (checkpointed)
+    skips_in_a_row: int = 0  # NonFiniteSteps: non-finite updates skipped in a row (checkpointed)
+    skipped_at: List[int] = dataclasses.field(default_factory=list)  # NonFiniteSteps: this epoch's
+    history: List[EpochLog] = dataclasses.field(default_factory=list)  # EpochLogger
+    # RunProgress, the clock:
     samples_seen: tf.Variable = None
     steps: tf.Variable = None
-    history: List[EpochLog] = dataclasses.field(default_factory=list)
     keras_epoch: int = 0  # the Keras epoch in progress (counted over the whole run)
     batch: int = 0  # its micro-batch in progress
     steps_per_epoch: int = 1  # micro-batches per Keras epoch in the running fit
     micro_batches_in_segment: int = 0  # input position: taken from the fit's dataset
-    skips_in_a_row: int = 0  # non-finite updates skipped in a row (checkpointed)
-    skipped_at: List[int] = dataclasses.field(default_factory=list)  # this epoch's
     updates_in_epoch: int = 0
-    elapsed_before: float = 0.0  # training seconds before a resume (checkpointed)
-    started: float = dataclasses.field(default_factory=time.monotonic)
     train_seconds: float = 0.0  # of the Keras epoch just finished, training steps only
     finishing: bool = False  # this epoch is the run's last (end of schedule or --max_steps)
+    started: float = dataclasses.field(default_factory=time.monotonic)
 
     def __post_init__(self):
         if self.samples_seen is None:

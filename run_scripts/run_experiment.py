@@ -20,9 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import flags as absl_flags  # noqa: E402
 
-from flags.config import define_flags, resolve  # noqa: E402
-from official_resnet.experiments import get_experiment, with_batch_schedule  # noqa: E402
-from official_resnet import batch_plan  # noqa: E402
+from flags.config import define_flags, resolve_run  # noqa: E402
 
 TRAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py")
 
@@ -98,16 +96,13 @@ def main(argv: List[str]) -> int:
     define_flags()
     absl_flags.FLAGS([argv[0], *train_args])
     try:
-        config = resolve(absl_flags.FLAGS)
-        experiment = get_experiment(config.exp)
-        if config.batch_schedule:
-            experiment = with_batch_schedule(experiment, config.batch_schedule)
-        if config.gpus_per_phase == "fixed" and not absl_flags.FLAGS.num_workers:
+        spec = resolve_run(absl_flags.FLAGS)
+        config, experiment = spec.config, spec.experiment
+        if spec.fixed and not absl_flags.FLAGS.num_workers:
             raise ValueError("every phase on one world size (--gpus_per_phase=fixed) needs no "
                              "launcher: use horovodrun -np W directly, or give --num_workers=W; "
                              "for Table 3's counts, pass --gpus_per_phase=paper")
-        workers = batch_plan.phase_workers(experiment, config.gpus_per_phase,
-                                           absl_flags.FLAGS.num_workers, config.batch_divisor)
+        workers = spec.workers(absl_flags.FLAGS.num_workers)
         from official_resnet import checkpointing  # here: it starts TensorFlow
         found = checkpointing.find_resume(config.resume, config.model_dir)
         start = checkpointing.phase_to_run(found[1] if found else None)  # where the run stands

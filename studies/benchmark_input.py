@@ -16,7 +16,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import tensorflow as tf  # noqa: E402
 
-from flags.config import EMBEDDED_DATA_DIR  # noqa: E402
 from official_resnet import embedded_data, input_pipeline  # noqa: E402
 
 
@@ -32,14 +31,14 @@ def images_per_second(dataset, batches: int, warmup: int, batch_size: int) -> fl
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--data_dir", default=EMBEDDED_DATA_DIR)
+    p.add_argument("--data_dir", default=embedded_data.DEFAULT_DATA_DIR)
     p.add_argument("--image_size", type=int, default=224)
     p.add_argument("--batch_size", type=int, default=32)
     p.add_argument("--batches", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--max_threads", type=int, default=os.cpu_count() or 1)
     args = p.parse_args()
-    if args.data_dir == EMBEDDED_DATA_DIR:
+    if args.data_dir == embedded_data.DEFAULT_DATA_DIR:
         embedded_data.generate(args.data_dir)
     num_classes = input_pipeline.describe(args.data_dir, count=False)["num_classes"] or 1000
     print(f"{args.data_dir}: batch {args.batch_size}, {args.image_size} px, "

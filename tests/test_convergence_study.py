@@ -13,7 +13,6 @@ from absl.testing import flagsaver
 
 from flags import config as flag_config
 from official_resnet.experiments import get_experiment, with_batch_schedule
-from official_resnet import batch_plan
 from official_resnet.lars import LARS
 from official_resnet.schedules import lr_config_b, lr_overrides
 from tests import harness
@@ -27,7 +26,6 @@ def load(name, path):
 
 
 study = load("convergence_study", ("studies", "convergence_study.py"))
-train = load("train_script", ("run_scripts", "train.py"))
 
 EPOCHS, DATASET, SMALL = 12.0, 10000, 16
 
@@ -40,14 +38,8 @@ def resolve_arm(arm):
     with flagsaver.flagsaver():
         absl_flags.FLAGS(["train.py", "--batch_divisor=256", f"--epochs={EPOCHS}",
                           *study.MODEL_FLAGS, *study.arm_flags(arm, SMALL)])
-        config = flag_config.resolve()
-    experiment = get_experiment(config.exp)
-    if config.batch_schedule:
-        experiment = with_batch_schedule(experiment, config.batch_schedule)
-    plans = batch_plan.plan_phases(experiment, world_size=1, dataset_size=DATASET,
-                                   epochs=config.epochs, batch_divisor=config.batch_divisor,
-                                   max_micro_batch=config.max_micro_batch)
-    return config, plans, train.make_schedule(config)
+        spec = flag_config.resolve_run()
+    return spec.config, spec.plans(DATASET, world_size=1), spec.schedule()
 
 
 class ArmsTest(tf.test.TestCase):

@@ -1,29 +1,20 @@
 """Issue 15: record counts without every rank reading every record: ImageNet's known split
-sizes for its standard layout, a cache of one count keyed by the files, and in train.py a count
+sizes for its standard layout, a cache of one count keyed by the files, and in the trainer a count
 made by rank 0 alone and shared."""
-import importlib.util
 import os
 import tempfile
 from unittest import mock
 
 import tensorflow as tf
 
-from official_resnet import dataset_info
-from official_resnet.run_state import World
-from tests import harness
+from official_resnet import dataset_info, trainer
+from official_resnet.workers import Workers
 
 
 def write(path, records):
     with tf.io.TFRecordWriter(path) as writer:
         for r in range(records):
             writer.write(b"x" * 10 + str(r).encode())
-
-
-def load_train_script():
-    spec = importlib.util.spec_from_file_location("train_script_for_tests", harness.TRAIN)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 class DatasetInfoTest(tf.test.TestCase):
@@ -54,17 +45,16 @@ class DatasetInfoTest(tf.test.TestCase):
         self.assertEqual(dataset_info.count_sizes(d).train, 13)
 
     def test_only_rank_0_counts_and_the_others_get_its_numbers(self):
-        train = load_train_script()
         config = mock.Mock(data_dir=tempfile.mkdtemp(), num_classes=0)
         write(os.path.join(config.data_dir, "train-00000-of-00001"), 4)
         write(os.path.join(config.data_dir, "validation-00000-of-00001"), 2)
         from_rank0 = tf.constant([4, 2], tf.int64)
-        other = World(rank=1, size=2, allreduce_sum=lambda t: t + from_rank0)
+        other = Workers(rank=1, size=2, allreduce_sum=lambda t: t + from_rank0)
         with mock.patch.object(dataset_info, "count_sizes",
                                side_effect=AssertionError("rank 1 counted")):
-            self.assertEqual(train.data_info(config, None, other), (4, 2, 1000))
-        chief = World(rank=0, size=2, allreduce_sum=lambda t: t)  # the others add zeros
-        self.assertEqual(train.data_info(config, None, chief), (4, 2, 1000))
+            self.assertEqual(trainer.data_info(config, None, other), (4, 2, 1000))
+        chief = Workers(rank=0, size=2, allreduce_sum=lambda t: t)  # the others add zeros
+        self.assertEqual(trainer.data_info(config, None, chief), (4, 2, 1000))
 
 
 if __name__ == "__main__":

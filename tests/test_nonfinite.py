@@ -11,10 +11,11 @@ import numpy as np
 import tensorflow as tf
 
 from official_resnet.batch_plan import PhasePlan
-from official_resnet.callbacks import EpochLogger, NonFiniteSteps, RunProgress, TensorBoardScalars
 from official_resnet.lars import LARS
 from official_resnet.recipe_model import RecipeModel, all_finite
-from official_resnet.run_state import NonFiniteLossError, RunState, World
+from official_resnet.run_callbacks import EpochLogger, NonFiniteSteps, RunProgress
+from official_resnet.run_state import NonFiniteLossError, RunState
+from official_resnet.workers import Workers
 from tests import harness
 
 
@@ -118,16 +119,15 @@ def run_trainer(model_dir, nan_at_steps, resume_state=None, **policy):
     plan = PhasePlan(index=0, workers=1, start_epoch=0.0, end_epoch=1.0, total_batch=8,
                      per_worker_batch=8, accumulation=1, micro_batch=8,
                      steps_per_epoch=STEPS_PER_EPOCH)
-    state = RunState(world=World(), plans=[plan], dataset_size=8 * STEPS_PER_EPOCH,
-                     model_dir=model_dir)
-    if resume_state is not None:
-        state.elapsed_before = resume_state["elapsed"]
-        state.skips_in_a_row = resume_state["nonfinite_skips_in_a_row"]
+    resume_state = resume_state or {"elapsed": 0.0, "nonfinite_skips_in_a_row": 0}
+    state = RunState(workers=Workers(), plans=[plan], dataset_size=8 * STEPS_PER_EPOCH,
+                     model_dir=model_dir, elapsed_before=resume_state["elapsed"],
+                     skips_in_a_row=resume_state["nonfinite_skips_in_a_row"])
     writer = tf.summary.create_file_writer(os.path.join(model_dir, "tensorboard"))
     data = tf.data.Dataset.from_tensor_slices((images, labels)).batch(8)
     model.fit(data, epochs=1, steps_per_epoch=STEPS_PER_EPOCH, verbose=0, callbacks=[
         RunProgress(state, 8), NonFiniteSteps(state, writer=writer, **policy),
-        EpochLogger(state, 8), TensorBoardScalars(state, writer)])
+        EpochLogger(state, 8, writer)])
     return Run(state)
 
 
@@ -153,7 +153,7 @@ class TrainerReportTest(tf.test.TestCase):
 
     def test_skip_is_reported_with_its_step(self):
         model_dir = tempfile.mkdtemp(prefix="tftorus-nonfinite-")
-        with self.assertLogs("official_resnet.callbacks", "WARNING") as logs:
+        with self.assertLogs("official_resnet.run_callbacks", "WARNING") as logs:
             trainer = run_trainer(model_dir, nan_at_steps={3})
         self.assertIn("step 3 (epoch 0.75): non-finite gradients or loss (nan) over all "
                       "workers; the step was skipped (1 in a row)", "\n".join(logs.output))

@@ -150,7 +150,7 @@ class PerPhaseWorkersTest(harness.EmbeddedDataCase, tf.test.TestCase):
             self.assertAlmostEqual(h["momentum"], 1 - 0.1 * 32768 / 55296, places=4)
         states = [s for s in (checkpointing.verify(p) for p in
                               checkpointing.list_checkpoints(model_dir))]
-        kept = [(s["phase"], s["world_size"], s["phase_boundary"]) for s in states]
+        kept = [(s.phase, s.world_size, s.phase_boundary) for s in states]
         self.assertEqual((kept[0], kept[-1]), ((0, 4, True), (1, 2, True)), kept)
         self.assertTrue(os.path.exists(os.path.join(model_dir, "summary.json")))
         # run again: nothing left to launch

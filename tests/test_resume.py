@@ -10,6 +10,7 @@ import tempfile
 import numpy as np
 import tensorflow as tf
 
+from flags.config import TrainConfig
 from official_resnet.experiments import get_experiment
 from official_resnet import checkpointing, embedded_data
 from official_resnet.schedules import Schedule
@@ -57,17 +58,17 @@ class ResumeRunsTest(harness.EmbeddedDataCase, tf.test.TestCase):
         self.assertEqual(result.returncode, 0, harness.describe(result))
         self.assertIn("stopping after epoch", result.output)
         _, state = final_checkpoint(stopped)
-        self.assertLess(state["epoch"], 1.1)
-        self.assertEqual(state["phase"], 1)  # inside phase 2: the input position matters
-        self.assertFalse(state["phase_boundary"])
-        self.assertGreater(state["input_batches_in_phase"], 0)
+        self.assertLess(state.epoch, 1.1)
+        self.assertEqual(state.phase, 1)  # inside phase 2: the input position matters
+        self.assertFalse(state.phase_boundary)
+        self.assertGreater(state.input_batches_in_phase, 0)
         result = self.train(stopped, *flags)  # --resume=auto is the default
         self.assertEqual(result.returncode, 0, harness.describe(result))
         self.assertIn("resumed at epoch", result.output)
         a_path, a_state = final_checkpoint(straight)
         b_path, b_state = final_checkpoint(stopped)
         for key in ("epoch", "samples_seen", "steps", "input_batches_in_phase"):
-            self.assertEqual(a_state[key], b_state[key], key)
+            self.assertEqual(getattr(a_state, key), getattr(b_state, key), key)
         a, b = checkpoint_values(a_path), checkpoint_values(b_path)
         self.assertEqual(sorted(a), sorted(b))
         differing = [n for n in a if not np.array_equal(a[n], b[n])]
@@ -82,8 +83,8 @@ class ResumeRunsTest(harness.EmbeddedDataCase, tf.test.TestCase):
         result = self.train(model_dir, "--exp=3", "--stop_at_epoch=1", np_=4)
         self.assertEqual(result.returncode, 0, harness.describe(result))
         path, state = final_checkpoint(model_dir)
-        self.assertTrue(state["phase_boundary"], state)
-        self.assertEqual((state["world_size"], state["total_batch"]), (4, 216))
+        self.assertTrue(state.phase_boundary, state)
+        self.assertEqual((state.world_size, state.total_batch), (4, 216))
         with open(os.path.join(model_dir, "config.json")) as f:
             config_before = f.read()
         result = self.train(model_dir, "--exp=3", np_=2)
@@ -169,8 +170,8 @@ class CheckpointFilesTest(tf.test.TestCase):
 
     def save(self, epoch, boundary=False):
         self.v.assign([epoch] * 3)
-        return self.writer.save({"epoch": float(epoch), "phase": 0, "phase_boundary": boundary,
-                                 "world_size": 1, "total_batch": 8})
+        return self.writer.save(checkpointing.CheckpointState(
+            epoch=float(epoch), phase=0, phase_boundary=boundary, world_size=1, total_batch=8))
 
     def load_value(self, path):
         v = tf.Variable([0.0, 0.0, 0.0])
@@ -181,7 +182,7 @@ class CheckpointFilesTest(tf.test.TestCase):
         self.save(1)
         path = self.save(2)
         found, state = checkpointing.latest_valid(self.dir)
-        self.assertEqual((found, state["epoch"]), (path, 2.0))
+        self.assertEqual((found, state.epoch), (path, 2.0))
         self.assertEqual(self.load_value(found), 2.0)
         with open(os.path.join(self.dir, "checkpoints", "latest")) as f:
             self.assertEqual(f.read().strip(), os.path.basename(path))
@@ -202,7 +203,7 @@ class CheckpointFilesTest(tf.test.TestCase):
             f.truncate(4)
         with self.assertLogs(checkpointing.logger, "WARNING") as logs:
             found, state = checkpointing.latest_valid(self.dir)
-        self.assertEqual((found, state["epoch"]), (good, 1.0))
+        self.assertEqual((found, state.epoch), (good, 1.0))
         self.assertIn("truncated", "\n".join(logs.output))
         self.assertEqual(self.load_value(found), 1.0)
 
@@ -222,6 +223,20 @@ class CheckpointFilesTest(tf.test.TestCase):
         for path in (no_manifest, bad_manifest, altered):
             with self.assertRaises(checkpointing.CheckpointError):
                 checkpointing.find_resume(path, self.dir)
+
+    def test_state_has_a_version_and_a_newer_one_is_refused(self):
+        path = self.save(1)
+        with open(os.path.join(path, "state.json")) as f:
+            saved = json.load(f)
+        self.assertEqual(saved["format"], checkpointing.FORMAT_VERSION)
+        self.assertEqual(checkpointing.CheckpointState.from_dict(saved),
+                         checkpointing.verify(path))
+        with self.assertRaisesRegex(checkpointing.CheckpointError,
+                                    r"has format 2, newer than this code's 1: resume with the "
+                                    r"version that wrote it"):
+            checkpointing.CheckpointState.from_dict(dict(saved, format=2))
+        with self.assertRaisesRegex(checkpointing.CheckpointError, "not a checkpoint state"):
+            checkpointing.CheckpointState.from_dict({"epoch": 1.0})
 
     def test_trim_history_after_a_fallback(self):
         path = os.path.join(self.dir, "history.jsonl")
@@ -266,7 +281,7 @@ class CheckpointFilesTest(tf.test.TestCase):
         steps.assign(3)
         opt.loss_scale.assign(1024.0) if hasattr(opt.loss_scale, "assign") else None
         path = checkpointing.CheckpointWriter(ckpt, self.dir).save(
-            {"epoch": 1.0, "phase": 0, "world_size": 1, "total_batch": 2})
+            checkpointing.CheckpointState(epoch=1.0, phase=0, world_size=1, total_batch=2))
         model2, lars2, opt2, steps2, ckpt2 = make()
         checkpointing.restore(ckpt2, path, optimizers=[lars2],
                               variables=model2.trainable_variables)
@@ -287,12 +302,14 @@ class CheckpointFilesTest(tf.test.TestCase):
         with open(path, "rb") as f:
             before = f.read()
         listing = os.listdir(os.path.join(self.dir, "checkpoints"))
-        self.assertTrue(checkpointing.check_config(self.dir, dict(config)))
+        may_differ = TrainConfig.may_differ_on_resume()
+        self.assertTrue(checkpointing.check_config(self.dir, dict(config), may_differ))
         # communication settings and timeouts may differ
         self.assertTrue(checkpointing.check_config(
-            self.dir, dict(config, grid="1x2", engine="tf", collective_timeout=5.0)))
+            self.dir, dict(config, grid="1x2", engine="tf", collective_timeout=5.0), may_differ))
         with self.assertRaises(checkpointing.CheckpointError) as error:
-            checkpointing.check_config(self.dir, dict(config, epochs=2.0, seed=1, grid="1x2"))
+            checkpointing.check_config(self.dir, dict(config, epochs=2.0, seed=1, grid="1x2"),
+                                       may_differ)
         message = str(error.exception)
         self.assertIn("--epochs=3.0 there, 2.0 now", message)
         self.assertIn("--seed", message)

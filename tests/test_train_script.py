@@ -94,7 +94,7 @@ class TrainScriptTest(harness.EmbeddedDataCase, tf.test.TestCase):
         reader = tf.train.load_checkpoint(os.path.join(path, checkpointing.PREFIX))
         names = list(reader.get_variable_to_shape_map())
         self.assertTrue([n for n in names if "loss_scale" in n], names)
-        self.assertLess(state["epoch"], 1.0)
+        self.assertLess(state.epoch, 1.0)
         again = harness.run([TRAIN, f"--flagfile={FLAGFILE}", f"--model_dir={model_dir}",
                              "--bn_stat_batches=1", *flags], np=0, timeout=420)
         self.assertEqual(again.returncode, 0, harness.describe(again))

@@ -56,11 +56,15 @@ _progress = _Progress()
 
 def progress(what: str, phase: Optional[int] = None, epoch: Optional[float] = None,
              step: Optional[int] = None, shared: bool = True) -> None:
-    """Record what this rank is starting now. shared=False for work only some ranks do (rank 0's
-    checkpoint): it changes what is reported but not the progress counter the stall rule compares
-    across ranks."""
+    """Record what this rank is starting now, at the given place in training (a place not given
+    stays as last recorded: a callback that knows only what it does keeps the trainer's phase,
+    epoch and step). shared=False for work only some ranks do (rank 0's checkpoint): it changes
+    what is reported but not the progress counter the stall rule compares across ranks."""
     p = _progress
-    p.what, p.phase, p.epoch, p.step = what, phase, epoch, step
+    p.what = what
+    p.phase, p.epoch, p.step = (p.phase if phase is None else phase,
+                                p.epoch if epoch is None else epoch,
+                                p.step if step is None else step)
     if shared:
         p.counter += 1
 

@@ -1,0 +1,493 @@
+"""The training run behind run_scripts/train.py, as a library: plan, data, model, callbacks,
+restore, fit and the closing summary, each a function a test can call in one process.
+
+    spec = flags.config.resolve_run(FLAGS)         # official_resnet.run_spec.RunSpec
+    trainer.train(spec)                           # under horovodrun, or alone as one worker
+    print(trainer.plan_text(spec, num_workers=3456))   # what the run would do, without running
+
+`train` goes flags -> workers -> data -> model -> optimizer -> callbacks -> fit -> summary. A
+job runs the phases on its own world size from where the run stands (its newest checkpoint)
+and stops at the boundary where another world size starts (run_scripts/run_experiment.py
+relaunches it). Rank 0 logs, writes TensorBoard scalars, checkpoints, config.json and run.json
+under --model_dir, and ends with Table 5 and Table 6 style summaries.
+"""
+import dataclasses
+import logging
+import os
+import sys
+import tempfile
+from typing import Callable, Iterable, List, NamedTuple, Optional, Tuple
+
+import tensorflow as tf
+from absl import logging as absl_logging
+
+import tftorus
+import tftorus.keras
+from official_resnet import batch_plan, checkpointing, dataset_info, embedded_data
+from official_resnet import input_pipeline, run_plan
+from official_resnet.callbacks import (BatchSizeControl, Evaluation, LRMomentumSchedule,
+                                       MetricAverage)
+from official_resnet.checkpointing import CheckpointState
+from official_resnet.lars import LARS, unwrap
+from official_resnet.model import resnet
+from official_resnet.recipe_model import RecipeModel
+from official_resnet.run_callbacks import (CheckpointSaver, EpochLogger, NonFiniteSteps,
+                                           RunProgress, StopAtEpoch)
+from official_resnet.run_spec import RUN_SPEC_FILE, RunSpec
+from official_resnet.run_state import RunState, epochs_per_keras_epoch
+from official_resnet.run_summary import log_summary, run_summary
+from official_resnet.schedules import Schedule
+from official_resnet.workers import Workers
+from tftorus import watchdog
+
+EXCLUDE_FROM_LARS = ["_bn", "bias"]  # BN parameters and biases: no decay, no trust ratio
+
+logger = logging.getLogger("train")
+
+
+class DataInfo(NamedTuple):
+    train_examples: int
+    validation_examples: int
+    num_classes: int
+
+
+# ------------------------------------------------------------------------------------------------
+# Planning: data sizes, the batch plan, where the run stands
+# ------------------------------------------------------------------------------------------------
+def sizes_without_reading(config) -> Optional[dataset_info.DataSizes]:
+    """The data's sizes when known without reading records (manifest, ImageNet's standard
+    layout, an earlier count); the embedded default's from its spec before it is generated."""
+    if config.data_dir == embedded_data.DEFAULT_DATA_DIR and not embedded_data.read_manifest(config.data_dir):
+        spec = embedded_data.EmbeddedSpec()
+        return dataset_info.DataSizes(spec.num_train, spec.num_validation, spec.num_classes,
+                                      "embedded spec")
+    return dataset_info.known_sizes(config.data_dir)
+
+
+def check_batch_fits(spec: RunSpec, train_examples: int) -> None:
+    """One line naming the fix when the data cannot hold the experiment's largest batch (the
+    card's `train.py --exp=2` on the embedded default, for one)."""
+    largest = max(spec.total_batches())
+    if largest <= train_examples:
+        return
+    data_dir = spec.config.data_dir
+    where = (f"{data_dir} (the small set generated offline, the default --data_dir)"
+             if data_dir == embedded_data.DEFAULT_DATA_DIR else data_dir)
+    raise input_pipeline.DataError(
+        f"{spec.experiment.name}'s largest total batch is {largest} images, more than the "
+        f"{train_examples} training images in {where}: point --data_dir at ImageNet in TFRecord "
+        f"form (train-*, validation-*), or run the scaled-down recipe with "
+        f"--flagfile=run_scripts/embedded.flags (batches and LRs divided by --batch_divisor)")
+
+
+def data_info(config, sizes: Optional[dataset_info.DataSizes], workers: Workers) -> DataInfo:
+    """Sizes known beforehand, or counted once by rank 0 and shared (never by every rank)."""
+    if sizes is None or sizes.source == "embedded spec":
+        sizes = dataset_info.known_sizes(config.data_dir)
+    if sizes is None:
+        input_pipeline.list_files(config.data_dir, "train")  # a clear error for missing files
+        counted = dataset_info.count_sizes(config.data_dir) if workers.chief else None
+        train, val = (int(v) for v in workers.sum(tf.constant(
+            [counted.train, counted.validation] if counted else [0, 0], tf.int64)).numpy())
+        sizes = dataset_info.DataSizes(train, val, None, "counted")
+    if not sizes.train:
+        raise input_pipeline.DataError(f"{config.data_dir} holds no training records (train-*): "
+                                       f"point --data_dir at ImageNet TFRecords")
+    if not sizes.validation:  # found now, not after the first epoch of training
+        raise input_pipeline.DataError(
+            f"{config.data_dir} holds no validation records (validation-*): every evaluation "
+            f"needs them; add ImageNet's validation TFRecords to the directory")
+    return DataInfo(sizes.train, sizes.validation,
+                    config.num_classes or sizes.num_classes or 1000)
+
+
+def plan_text(spec: RunSpec, num_workers: Optional[int] = None,
+              read_data_dir: bool = False) -> str:
+    """--plan_only: the run's plan for `num_workers` workers (default: the experiment's GPUs in
+    the paper), without Horovod or records; the data's own sizes when `read_data_dir`."""
+    config = spec.config
+    if read_data_dir:
+        sizes = sizes_without_reading(config) or dataset_info.count_sizes(config.data_dir)
+        present = sizes.source != "embedded spec"
+        layout = run_plan.DataLayout(
+            config.data_dir, sizes.train, sizes.validation,
+            dataset_info.file_bytes(config.data_dir, "train") if present else [0],
+            dataset_info.file_bytes(config.data_dir, "validation") if present else [0],
+            estimated=not present)
+        num_classes = config.num_classes or sizes.num_classes or 1000
+    else:
+        layout, num_classes = run_plan.DataLayout.imagenet(), config.num_classes or 1000
+    check_batch_fits(spec, layout.train_records)
+    world_size = num_workers or spec.experiment.max_gpus
+    if not spec.fixed and num_workers and num_workers < max(spec.workers(None)):
+        raise batch_plan.PlanError(
+            f"--gpus_per_phase={config.gpus_per_phase} runs {spec.experiment.name}'s phases on "
+            f"{list(spec.workers(None))} workers; --num_workers={num_workers} is fewer than "
+            f"the largest")
+    return run_plan.plan_table(
+        experiment=spec.experiment, plans=spec.plans(layout.train_records, world_size),
+        schedule=spec.schedule(), data=layout, grid=config.grid, algorithm=config.algorithm,
+        compression=config.compression, model=(config.depth, config.width, num_classes),
+        gpus_per_phase=config.gpus_per_phase, batch_divisor=config.batch_divisor)
+
+
+def check_writable(model_dir: str) -> None:
+    """Fail before any work when rank 0 cannot write its checkpoints and logs."""
+    try:
+        os.makedirs(model_dir, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=model_dir, prefix=".write-test-"):
+            pass
+    except OSError as error:
+        raise ValueError(f"--model_dir={model_dir} cannot be written ({error.strerror}): "
+                         f"choose a directory this user can create and write") from error
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """What this process runs: the plan, where the run stands, and where this job stops."""
+
+    spec: RunSpec
+    workers: Workers
+    info: DataInfo
+    plans: List[batch_plan.PhasePlan]
+    resume_from: Optional[Tuple[str, CheckpointState]]  # (checkpoint path, its state) or None
+    stop_at_epoch: Optional[float]  # --stop_at_epoch, or the boundary before another world size
+    relaunch: Optional[batch_plan.PhasePlan]  # the next phase, on another world size
+
+    @property
+    def config(self):
+        return self.spec.config
+
+
+def start_workers(config) -> Workers:
+    """One process per worker; the torus grid's groups at start-up (the tf engine joins
+    TensorFlow's cluster here, so this comes before any other TensorFlow call)."""
+    tftorus.init(grid=config.grid, engine=config.engine, **(
+        {"collective_timeout": config.collective_timeout} if config.engine == "tf" else {}))
+    workers = Workers.current()
+    if workers.chief:
+        check_writable(config.model_dir)
+    # Heartbeats beside the collectives: a dead or stalled worker stops every worker with an
+    # error naming it (a collective: every rank starts it here).
+    watchdog.start(config.heartbeat_timeout, config.stall_timeout)
+    absl_logging.set_verbosity(absl_logging.INFO if workers.chief else absl_logging.WARNING)
+    return workers
+
+
+def plan_job(spec: RunSpec, workers: Workers, sizes: Optional[dataset_info.DataSizes]) -> Job:
+    """Data sizes, the batch plan on this world size, the checkpoint to resume from, and the
+    phases this job runs (those on its own world size from where the run stands)."""
+    config = spec.config
+    if config.data_dir == embedded_data.DEFAULT_DATA_DIR:
+        if workers.chief:  # one writer (it skips a complete set); the others wait at the barrier
+            embedded_data.generate(config.data_dir)
+        workers.barrier()
+    info = data_info(config, sizes, workers)
+    check_batch_fits(spec, info.train_examples)
+    plans = spec.plans(info.train_examples, workers.size)
+    # Resume: the newest valid checkpoint (--resume=auto), a given one, or none (never).
+    if config.resume == "never" and checkpointing.list_checkpoints(config.model_dir):
+        raise checkpointing.CheckpointError(
+            f"--resume=never but {config.model_dir} holds checkpoints of a run; use another "
+            f"--model_dir, or --resume=auto to continue it")
+    resume_from = checkpointing.find_resume(config.resume, config.model_dir)
+    if resume_from:
+        checkpointing.check_world(resume_from[1], resume_from[0], plans, workers.size,
+                                  config.model_dir)
+    # Phases on another world size (--gpus_per_phase) are run by a relaunch: this job runs the
+    # phases on its own size from where the run stands, and stops at the boundary after them.
+    first = checkpointing.phase_to_run(resume_from[1] if resume_from else None)
+    if first < len(plans) and plans[first].workers != workers.size:
+        raise batch_plan.PlanError(
+            f"phase {first + 1} of {spec.experiment.name} runs on {plans[first].workers} workers "
+            f"(--gpus_per_phase={config.gpus_per_phase}); this job has {workers.size}: launch "
+            f"it with -np {plans[first].workers}, or let run_scripts/run_experiment.py launch "
+            f"every phase")
+    last = first
+    while last + 1 < len(plans) and plans[last + 1].workers == workers.size:
+        last += 1
+    relaunch = plans[last + 1] if last + 1 < len(plans) else None
+    stop_at_epoch = min([e for e in (config.stop_at_epoch,
+                                     relaunch and relaunch.start_epoch) if e] or [None])
+    for split in ("train", "validation"):  # bad records fail now, before anything is written
+        input_pipeline.validate_split(config.data_dir, split, num_workers=workers.size,
+                                      worker_index=workers.rank, num_classes=info.num_classes,
+                                      label_offset=config.label_offset)
+    return Job(spec, workers, info, plans, resume_from, stop_at_epoch, relaunch)
+
+
+# ------------------------------------------------------------------------------------------------
+# Data, model, optimizer
+# ------------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Data:
+    """The input functions: a segment's training micro-batches (deterministic, so a resumed run
+    re-derives its position), BN-statistics micro-batches, and the validation split."""
+
+    train: Callable[[batch_plan.FitSegment, int], tf.data.Dataset]  # (segment, skip_batches)
+    bn_batches: Callable[[int, int, int], Iterable]  # (micro_batch, count, keras_epoch)
+    validation: Callable[[], tf.data.Dataset]
+
+
+def make_data(job: Job) -> Data:
+    config, workers, info = job.config, job.workers, job.info
+    augment = input_pipeline.AugmentConfig.from_names(
+        config.augment, area_range=(config.min_crop_area, 1.0))
+
+    def common(split, batch, **kwargs):
+        return input_pipeline.make_dataset(
+            config.data_dir, split, batch, image_size=config.image_size,
+            num_workers=workers.size, worker_index=workers.rank,
+            label_offset=config.label_offset, num_classes=info.num_classes,
+            validate_records=0, **kwargs)  # validated already
+
+    def train(segment, skip_batches=0):
+        return common("train", segment.micro_batch, training=True, augment=augment,
+                      seed=config.seed + 1000 * segment.phases[0].index, deterministic=True,
+                      skip_batches=skip_batches)
+
+    def bn_batches(micro_batch, count, keras_epoch):
+        return common("train", micro_batch, training=True, augment=augment,
+                      seed=config.seed + 500_000 + keras_epoch, deterministic=True,
+                      shuffle_buffer=max(256, 4 * micro_batch)).take(count)
+
+    def validation():
+        return common("validation", 64, training=False)
+
+    return Data(train, bn_batches, validation)
+
+
+def build_model(config, info: DataInfo) -> RecipeModel:
+    """ResNet (mixed precision under --precision=mixed_float16) with the recipe's train step."""
+    if config.precision == "mixed_float16":
+        tf.keras.mixed_precision.set_global_policy("mixed_float16")
+    net = resnet(depth=config.depth, num_classes=info.num_classes, width=config.width,
+                 input_shape=(config.image_size, config.image_size, 3),
+                 small_inputs=config.small_inputs)
+    return RecipeModel.wrap(net, label_smoothing=config.label_smoothing)
+
+
+def build_optimizer(config):
+    """LARS in FP32 behind tftorus' DistributedOptimizer (compile adds dynamic loss scaling
+    under mixed precision). --optimizer=sgd: the same update with a trust ratio of 1 for every
+    variable (momentum SGD with coupled weight decay), so the two differ in layer adaptation."""
+    lars = LARS(learning_rate=0.0, momentum=0.9, weight_decay=config.weight_decay,
+                trust_coefficient=config.trust_coefficient, epsilon=config.lars_epsilon,
+                exclude_from_weight_decay=EXCLUDE_FROM_LARS,
+                exclude_from_layer_adaptation=[".*"] if config.optimizer == "sgd" else None)
+    compression = {"none": tftorus.Compression.none, "fp16": tftorus.Compression.fp16,
+                   "bf16": tftorus.Compression.bf16}[config.compression]
+    return tftorus.keras.DistributedOptimizer(
+        lars, compression=compression, algorithm=config.algorithm, engine=config.engine,
+        fusion_threshold_bytes=int(config.fusion_threshold_mb * 1024 * 1024))
+
+
+# ------------------------------------------------------------------------------------------------
+# Callbacks, checkpoints, restore
+# ------------------------------------------------------------------------------------------------
+def new_run_state(job: Job) -> RunState:
+    """The run state, with the clock and skip count of the checkpoint it resumes."""
+    saved = job.resume_from[1] if job.resume_from else None
+    return RunState(workers=job.workers, plans=job.plans, dataset_size=job.info.train_examples,
+                    epoch_fraction=epochs_per_keras_epoch(job.plans),
+                    model_dir=job.config.model_dir,
+                    elapsed_before=saved.elapsed if saved else 0.0,
+                    skips_in_a_row=saved.nonfinite_skips_in_a_row if saved else 0)
+
+
+def checkpoint_state(job: Job, state: RunState, keras_epoch: int) -> CheckpointState:
+    """Where the run stands after `keras_epoch`, as its checkpoint records it."""
+    config, plan = job.config, state.plan_of(keras_epoch)
+    return CheckpointState(
+        seed=config.seed, exp=config.exp, epochs=config.epochs, epoch=state.epoch(),
+        keras_epoch=keras_epoch + 1, samples_seen=int(state.samples_seen.numpy()),
+        steps=int(state.steps.numpy()), phase=plan.index,
+        phase_boundary=state.is_phase_end(keras_epoch), world_size=job.workers.size,
+        total_batch=plan.total_batch, per_worker_batch=plan.per_worker_batch,
+        accumulation=plan.accumulation, micro_batch=plan.micro_batch,
+        input_batches_in_phase=state.micro_batches_in_segment,
+        bn_stat_batches=config.bn_stat_batches, elapsed=state.history[-1].elapsed,
+        nonfinite_skips_in_a_row=state.skips_in_a_row)
+
+
+def progbar_verbosity(chief: bool) -> int:
+    """Keras' progress bar on rank 0 only: live in a terminal, one line per epoch in a log."""
+    return (1 if sys.stdout.isatty() else 2) if chief else 0
+
+
+def make_callbacks(job: Job, state: RunState, segment: batch_plan.FitSegment, first_epoch: int,
+                   schedule: Schedule, data: Data, writer, saver) -> list:
+    """The recipe as Keras callbacks for one segment's fit, started at Keras epoch
+    `first_epoch`. Keras runs them in list order, and the order carries data: RunProgress first
+    (every trainer callback reads its clock); the LR schedule and Evaluation put the logs
+    EpochLogger reads; CheckpointSaver reads EpochLogger's epoch; StopAtEpoch ends the fit."""
+    config, workers = job.config, job.workers
+    micro = segment.micro_batch
+
+    def phase_line(keras_epoch, accumulation):
+        plan = state.plan_of(keras_epoch)
+        epoch = keras_epoch * state.epoch_fraction
+        if workers.chief:
+            logger.info(
+                "phase %d: epochs %.2f-%.2f, total batch %d = %d workers x %d per worker "
+                "(%d micro-batch%s of %d), %d steps/epoch; from epoch %.3f: lr %.4g, momentum "
+                "%.4f", plan.index + 1, plan.start_epoch, plan.end_epoch, plan.total_batch,
+                plan.workers, plan.per_worker_batch, plan.accumulation,
+                "es" if plan.accumulation > 1 else "", plan.micro_batch, plan.steps_per_epoch,
+                epoch, schedule.lr(epoch), schedule.momentum(epoch, plan.total_batch))
+
+    def bn_batches(keras_epoch):
+        count = config.bn_stat_batches * state.plan_of(keras_epoch).accumulation
+        return data.bn_batches(micro, count, keras_epoch)
+
+    averaging = [MetricAverage(workers)]
+    if config.engine == "horovod" and workers.size > 1:  # Horovod's own, as a Keras user has them
+        averaging = [tftorus.keras.callbacks.MetricAverageCallback(),
+                     tftorus.keras.callbacks.BroadcastGlobalVariablesCallback(0)]
+    skip = (first_epoch - segment.first_epoch) * segment.steps_per_epoch
+    return [
+        RunProgress(state, micro, first_epoch, skip, config.max_steps),
+        *averaging,
+        BatchSizeControl([(0 if i == 0 else round(p.start_epoch / state.epoch_fraction),
+                           p.accumulation) for i, p in enumerate(segment.phases)],
+                         on_switch=phase_line),
+        LRMomentumSchedule(schedule.lr, schedule.momentum, micro, workers.size,
+                           state.epoch_fraction),
+        NonFiniteSteps(state, config.on_nonfinite, config.max_nonfinite_skips, writer),
+        Evaluation(data.validation, workers, config.eval_every, state.epoch_fraction,
+                   bn_batches=bn_batches, last_epoch=state.keras_epochs - 1),
+        EpochLogger(state, micro, writer),
+        CheckpointSaver(state, saver, lambda keras_epoch: checkpoint_state(job, state,
+                                                                          keras_epoch)),
+        StopAtEpoch(state, job.stop_at_epoch),
+    ]
+
+
+def restore(job: Job, model, checkpoint: tf.train.Checkpoint) -> None:
+    """The resumed checkpoint's variables; newer checkpoints and history set aside."""
+    config, (path, saved) = job.config, job.resume_from
+    checkpointing.restore(checkpoint, path, optimizers=[unwrap(model.optimizer)],
+                          variables=model.trainable_variables)
+    if job.workers.chief:
+        logger.info("restored %s", path)
+        for moved in checkpointing.set_aside_newer(config.model_dir, path):
+            logger.warning("moved newer checkpoint to %s (this run trains its epochs again)",
+                           moved)
+        dropped = checkpointing.trim_history(config.model_dir, saved.epoch)
+        if dropped:
+            logger.warning("history.jsonl: dropped %d line(s) past epoch %.3f (they are "
+                           "trained again)", dropped, saved.epoch)
+        logger.info("resumed at epoch %.3f (%d samples, step %d) from phase %d%s",
+                    saved.epoch, saved.samples_seen, saved.steps, saved.phase + 1,
+                    " (its end: a phase boundary)" if saved.phase_boundary else "")
+
+
+# ------------------------------------------------------------------------------------------------
+# The run
+# ------------------------------------------------------------------------------------------------
+def fit(job: Job, model, state: RunState, schedule: Schedule, data: Data, writer, saver) -> bool:
+    """model.fit once per segment of the phases this job runs; True when the run is complete."""
+    start = round(job.resume_from[1].epoch / state.epoch_fraction) if job.resume_from else 0
+    verbose = progbar_verbosity(job.workers.chief)
+    for segment in batch_plan.fit_segments(job.plans, job.info.train_examples,
+                                           state.epoch_fraction):
+        if segment.end_epoch <= start:
+            continue  # resumed past it
+        if segment.workers != job.workers.size:
+            return False  # the next phases run on another world size: relaunch
+        first = max(start, segment.first_epoch)
+        callbacks = make_callbacks(job, state, segment, first, schedule, data, writer, saver)
+        skip = (first - segment.first_epoch) * segment.steps_per_epoch
+        model.fit(data.train(segment, skip), initial_epoch=first, epochs=segment.end_epoch,
+                  steps_per_epoch=segment.steps_per_epoch, callbacks=callbacks,
+                  verbose=verbose)
+        if model.stop_training:  # --stop_at_epoch, --max_steps or the end of this world size
+            return bool(state.finishing)
+        start = segment.end_epoch
+    return True
+
+
+def train(spec: RunSpec) -> None:
+    """The whole job (see the module docstring); raises the errors train.py reports."""
+    config = spec.config
+    sizes = sizes_without_reading(config)
+    if sizes is not None:  # before any collective: the card's command on the embedded default
+        check_batch_fits(spec, sizes.train)
+    # A run already in --model_dir must have this configuration (world size, engine, grid and
+    # timeouts may differ); checked on every rank before anything is written.
+    existing_run = checkpointing.check_config(config.model_dir, dataclasses.asdict(config),
+                                              type(config).may_differ_on_resume())
+
+    workers = start_workers(config)
+    tf.keras.utils.set_random_seed(config.seed)  # same initial weights everywhere; broadcast below
+    job = plan_job(spec, workers, sizes)
+    data = make_data(job)
+    model = build_model(config, job.info)
+    model.compile(optimizer=build_optimizer(config))
+    tftorus.world.broadcast_variables(model.variables, root_rank=0)  # all start from rank 0's
+    state = new_run_state(job)
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer,
+                                     samples_seen=state.samples_seen, steps=state.steps)
+    os.makedirs(config.model_dir, exist_ok=True)
+    writer = saver = None
+    if workers.chief:
+        log_start(job, existing_run, model)
+        writer = tf.summary.create_file_writer(os.path.join(config.model_dir, "tensorboard"))
+        saver = checkpointing.CheckpointWriter(checkpoint, config.model_dir,
+                                               keep=config.keep_checkpoints)
+    if job.resume_from:
+        restore(job, model, checkpoint)
+    complete = fit(job, model, state, spec.schedule(), data, writer, saver)
+
+    if workers.chief:
+        log_end(job, state, complete)
+    watchdog.stop()  # this rank finished: its silence from now on is no loss
+    tftorus.shutdown()  # every worker is past its last collective before any exits
+
+
+def log_start(job: Job, existing_run: bool, model) -> None:
+    config, info, spec = job.config, job.info, job.spec
+    run_json = spec.to_json(job.workers.size)  # what the flags resolved to on this world size
+    logger.info("run specification:\n%s", run_json)
+    logger.info("%s on %d worker(s), torus grid %s, data: %d train / %d validation images, "
+                "%d classes", spec.experiment.name, job.workers.size,
+                tftorus.context.default_grid(), info.train_examples, info.validation_examples,
+                info.num_classes)
+    logger.info("LR schedule x %.6g of the paper's (%s); momentum reference batch %g",
+                spec.lr_scale,
+                f"1/{config.batch_divisor}: the batches are divided by --batch_divisor="
+                f"{config.batch_divisor} (linear scaling rule)"
+                if config.lr_scale_from == "batch_divisor" else "--lr_scale",
+                spec.reference_batch)
+    if isinstance(model.optimizer, tf.keras.mixed_precision.LossScaleOptimizer):
+        logger.info("mixed precision: FP16 compute, FP32 variables and LARS, dynamic loss "
+                    "scale starting at %g", float(model.optimizer.initial_scale))
+    if not existing_run:  # a resumed run keeps the config.json it started with
+        checkpointing.write_json_atomic(os.path.join(config.model_dir, "config.json"),
+                                        config.to_json())
+    # rewritten by every job of the run: a relaunch on another world size says so
+    checkpointing.write_json_atomic(os.path.join(config.model_dir, RUN_SPEC_FILE), run_json)
+
+
+def log_end(job: Job, state: RunState, complete: bool) -> None:
+    """The paper's Table 5 (accuracy, time) and Table 6 (throughput) lines for a finished run;
+    for a stopped one, how to continue."""
+    config, relaunch = job.config, job.relaunch
+    epoch = state.history[-1].epoch if state.history else None
+    if complete and state.history:
+        summary = run_summary(state, job.spec.experiment, str(tftorus.context.default_grid()))
+        log_summary(summary, state, job.spec.experiment,
+                    os.path.join(config.model_dir, "summary.json"))
+    elif state.history and relaunch and epoch >= relaunch.start_epoch - 1e-9:
+        logger.info("stopped at epoch %.3f, the end of phase %d: phase %d runs on %d "
+                    "workers; relaunch with -np %d and the same flags (run_scripts/"
+                    "run_experiment.py does this)", epoch, relaunch.index,
+                    relaunch.index + 1, relaunch.workers, relaunch.workers)
+    elif state.history:
+        logger.info("stopping after epoch %.3f (--stop_at_epoch=%s); run again with the same "
+                    "flags (--resume=auto) to continue", epoch, config.stop_at_epoch)
+    else:
+        logger.info("nothing to do: the run in %s is complete (its checkpoint is at epoch "
+                    "%.3f, the end; its summary.json was written then); to train again, "
+                    "pass another --model_dir", config.model_dir,
+                    job.resume_from[1].epoch if job.resume_from else 0.0)
