@@ -151,10 +151,10 @@ def plan_phases(experiment: Experiment, *, world_size: Optional[int] = None, dat
 
 
 def phase_at(plans: List[PhasePlan], epoch: float) -> PhasePlan:
-    for p in plans:
-        if p.start_epoch <= epoch < p.end_epoch:
-            return p
-    return plans[-1]
+    """The phase run epoch `epoch` is in; at a boundary (up to float error) the one it starts;
+    past the end the last."""
+    at = epoch + 1e-9
+    return next((p for p in plans if p.start_epoch - 1e-9 <= at < p.end_epoch), plans[-1])
 
 
 def steps_to_boundary(epoch: float, plan: PhasePlan, dataset_size: int) -> int:

@@ -14,7 +14,7 @@ from typing import List, Optional
 
 import tensorflow as tf
 
-from official_resnet.batch_plan import PhasePlan
+from official_resnet.batch_plan import PhasePlan, phase_at
 from official_resnet.workers import Workers
 
 
@@ -100,9 +100,7 @@ class RunState:
         return (keras_epoch + 1) * self.epoch_fraction
 
     def plan_of(self, keras_epoch: int) -> PhasePlan:
-        start = keras_epoch * self.epoch_fraction + 1e-9
-        return next((p for p in self.plans if p.start_epoch - 1e-9 <= start < p.end_epoch),
-                    self.plans[-1])
+        return phase_at(self.plans, keras_epoch * self.epoch_fraction)
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started + self.elapsed_before

@@ -16,8 +16,6 @@ import subprocess
 import sys
 from typing import List, Tuple
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 from absl import flags as absl_flags  # noqa: E402
 
 from flags.config import define_flags, resolve_run  # noqa: E402

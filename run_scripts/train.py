@@ -19,8 +19,6 @@ from absl import app
 from absl import flags as absl_flags
 from absl import logging as absl_logging
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 if __name__ == "__main__":  # before TensorFlow's threads start, so they inherit the mask
     import signal  # noqa: E402
     # The launcher's SIGTERM reaches tftorus.watchdog.handle_termination's thread (a Python
