@@ -11,10 +11,12 @@ import tensorflow as tf
 
 from official_resnet import batch_plan
 from official_resnet.batch_plan import PhasePlan
-from official_resnet.callbacks import BatchSizeControl, LRMomentumSchedule
+from official_resnet.callbacks import (BatchSizeControl, Evaluation, LRMomentumSchedule,
+                                       MetricAverage)
 from official_resnet.lars import LARS
 from official_resnet.recipe_model import RecipeModel
 from official_resnet.run_state import epochs_per_keras_epoch
+from official_resnet.workers import Workers
 from tests import harness
 from tests.workers import user_fit_accumulation as user_fit
 
@@ -150,6 +152,36 @@ def plan(index, start, end, workers, total, accumulation=1):
     return PhasePlan(index=index, workers=workers, start_epoch=start, end_epoch=end,
                      total_batch=total, per_worker_batch=per_worker, accumulation=accumulation,
                      micro_batch=per_worker // accumulation, steps_per_epoch=1000 // total)
+
+
+class StandaloneCallbacksTest(tf.test.TestCase):
+    """The callbacks of official_resnet.callbacks in a user's plain Keras fit, no trainer."""
+
+    def test_evaluation_with_bn_statistics_and_metric_average_in_a_plain_fit(self):
+        tf.keras.utils.set_random_seed(5)
+        model = tf.keras.Sequential([tf.keras.layers.Dense(8, input_shape=(3,)),
+                                     tf.keras.layers.BatchNormalization(),
+                                     tf.keras.layers.Dense(2)])
+        model.compile(optimizer=tf.keras.optimizers.SGD(0.1),
+                      loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        x = np.random.RandomState(0).standard_normal((32, 3)).astype(np.float32) * 5 + 3
+        y = (x[:, 0] > 3).astype(np.int32)
+        data = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+        seen = []
+
+        class Record(tf.keras.callbacks.Callback):
+            def on_epoch_end(self, epoch, logs=None):
+                seen.append((epoch, sorted(logs), logs.get("val_top1")))
+
+        evaluation = Evaluation(lambda: data, Workers(), every=2.0, bn_batches=lambda e: data)
+        history = model.fit(data, epochs=3, verbose=0, callbacks=[
+            MetricAverage(Workers()), evaluation, Record()])
+        # due at epoch 2 (every 2) and at the fit's last, 3; with the BN statistics of the data
+        self.assertEqual([e for e, _, top1 in seen if top1 is not None], [1, 2])
+        self.assertIn("val_top1", history.history)
+        bn = model.layers[1]
+        self.assertAllClose(bn.moving_mean, np.mean(model.layers[0](x), axis=0), atol=1e-4)
+        self.assertTrue(all(0.0 <= top1 <= 100.0 for _, _, top1 in seen if top1 is not None))
 
 
 class FitSegmentsTest(tf.test.TestCase):
