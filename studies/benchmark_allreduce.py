@@ -23,7 +23,8 @@ give the median over repeats and its ratio to Horovod's reference:
   torus-chunks<K>   the same, each fused buffer forced into K pipelined chunks (--chunks)
   torus-native   the same with hvd.reducescatter in the rows
   ring     tftorus' fusion + one hvd.allreduce over the world
-  hierarchical   all-reduce in the torus rows, then of the whole buffer in the columns
+  hierarchical   leader-based: all-reduce in each torus row (a host, on the emulated
+           cluster), of the whole buffer among the rows' first ranks, then back along the row
 
 With the tf engine (--engines ... tf, the default), the same processes also start TensorFlow's
 collective runtime (tftorus.init(engine='tf', with_horovod=True)) and time:

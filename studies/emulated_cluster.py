@@ -5,11 +5,20 @@
         --link-gbit 0.5 --sizes 1M 16M --resnet
     sudo .venv/bin/python -m studies.emulated_cluster --sweep 2x2 2x4 4x2 --link-gbit 0.25 1 \\
         --engines horovod --sizes 16M 64M                  # one cluster per topology and rate
+    sudo .venv/bin/python -m studies.emulated_cluster --sweep 2x2 2x4 4x2 --links-per-host 1 rank \\
+        --engines horovod --variants hvd torus ring hierarchical   # one link, then a rail per rank
 
 Each host is a Linux network namespace (tft-h0, tft-h1, ...) with one veth link to a bridge in
 the root namespace (tftbr0, 10.77.0.254/24; host k is 10.77.0.k+1). Every host link is limited
 to --link-gbit in both directions with a `tbf` qdisc on each end of its veth pair; traffic
 between ranks of one host stays on the namespace's loopback, unlimited (the intra-node link).
+
+--links-per-host K gives each host K such links, "rails" as on GPU nodes with a NIC per GPU:
+link j of every host is on rail j's bridge (tftbr<j>, subnet 10.77.j.0/24), and the rank of
+local rank l is bound to rail l mod K (Gloo's interface and the host name its process sets
+resolve). Ranks of equal local rank (the torus' columns with a row per host) then talk over
+their own rail; a flat ring's hop from one host to the next, between ranks of different local
+ranks, goes over the rail of the receiving rank. `rank` means one link per rank of a host.
 What is not emulated: latency (these kernels have no `netem`), and separate CPUs: every rank
 of every host shares this machine's cores.
 
@@ -37,7 +46,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from studies import benchmark_allreduce as bench
 
@@ -58,8 +67,17 @@ def sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, check=check, capture_output=True, text=True)
 
 
-def host_ip(k: int) -> str:
-    return f"{SUBNET}.{k + 1}"
+def rail_subnet(rail: int) -> str:
+    return f"10.77.{rail}"
+
+
+def rail_bridge(rail: int) -> str:
+    return BRIDGE if rail == 0 else f"tftbr{rail}"
+
+
+def host_ip(k: int, rail: int = 0) -> str:
+    """Host k's address on rail `rail` (rail 0: the one every host has)."""
+    return f"{rail_subnet(rail)}.{k + 1}"
 
 
 def why_not_possible() -> str:
@@ -77,33 +95,38 @@ def why_not_possible() -> str:
 
 
 class Cluster:
-    """H namespaces on a bridge, each host link rate-limited both ways. A context manager."""
+    """H namespaces on K rail bridges, each host link rate-limited both ways. A context
+    manager."""
 
-    def __init__(self, hosts: int, link_gbit: float):
-        self.hosts, self.link_gbit = hosts, link_gbit
+    def __init__(self, hosts: int, link_gbit: float, links: int = 1):
+        self.hosts, self.link_gbit, self.links = hosts, link_gbit, links
 
-    def veth(self, k: int) -> str:
-        return f"tftv{k}"  # the root-namespace end; the namespace end is called eth0
+    def veth(self, k: int, rail: int) -> str:
+        return f"tftv{k}r{rail}"  # the root-namespace end; the namespace end is eth<rail>
 
     def __enter__(self) -> "Cluster":
         teardown()  # leftovers of a run that was killed
         try:
-            sh("ip", "link", "add", BRIDGE, "type", "bridge")
-            sh("ip", "addr", "add", f"{BRIDGE_IP}/24", "dev", BRIDGE)
-            sh("ip", "link", "set", BRIDGE, "up")
+            for rail in range(self.links):
+                bridge = rail_bridge(rail)
+                sh("ip", "link", "add", bridge, "type", "bridge")
+                sh("ip", "addr", "add", f"{rail_subnet(rail)}.254/24", "dev", bridge)
+                sh("ip", "link", "set", bridge, "up")
             for k in range(self.hosts):
-                ns, outer = f"{PREFIX}{k}", self.veth(k)
+                ns = f"{PREFIX}{k}"
                 sh("ip", "netns", "add", ns)
-                sh("ip", "link", "add", outer, "type", "veth", "peer", "name", "eth0",
-                   "netns", ns)
-                sh("ip", "link", "set", outer, "master", BRIDGE, "up")
-                sh("ip", "-n", ns, "addr", "add", f"{host_ip(k)}/24", "dev", "eth0")
-                sh("ip", "-n", ns, "link", "set", "eth0", "up")
                 sh("ip", "-n", ns, "link", "set", "lo", "up")
-                # egress of each end: host -> bridge on eth0, bridge -> host on the outer end
-                for prefix, dev in ((["ip", "netns", "exec", ns], "eth0"), ([], outer)):
-                    sh(*prefix, "tc", "qdisc", "add", "dev", dev, "root", "tbf",
-                       *tbf_args(self.link_gbit))
+                for rail in range(self.links):
+                    outer, inner = self.veth(k, rail), f"eth{rail}"
+                    sh("ip", "link", "add", outer, "type", "veth", "peer", "name", inner,
+                       "netns", ns)
+                    sh("ip", "link", "set", outer, "master", rail_bridge(rail), "up")
+                    sh("ip", "-n", ns, "addr", "add", f"{host_ip(k, rail)}/24", "dev", inner)
+                    sh("ip", "-n", ns, "link", "set", inner, "up")
+                    # egress of each end: host -> bridge inside, bridge -> host on the outer end
+                    for prefix, dev in ((["ip", "netns", "exec", ns], inner), ([], outer)):
+                        sh(*prefix, "tc", "qdisc", "add", "dev", dev, "root", "tbf",
+                           *tbf_args(self.link_gbit))
         except subprocess.CalledProcessError as error:
             teardown()
             raise SystemExit(f"setting up the emulated cluster failed: {' '.join(error.cmd)}: "
@@ -135,7 +158,7 @@ def teardown() -> None:
             sh("ip", "netns", "del", name, check=False)
     for line in sh("ip", "-o", "link", "show", check=False).stdout.splitlines():
         name = line.split(":")[1].strip().split("@")[0]
-        if name == BRIDGE or name.startswith("tftv"):
+        if name.startswith("tftbr") or name.startswith("tftv"):
             sh("ip", "link", "del", name, check=False)
 
 
@@ -143,8 +166,10 @@ def teardown() -> None:
 # Horovod across the namespaces
 # ==================================================================================================
 
-def launch(args, hosts: int, rph: int, bench_argv: List[str], log_path: str) -> int:
-    """Start every rank in its host's namespace with horovodrun's environment; echo rank 0."""
+def launch(args, hosts: int, rph: int, bench_argv: List[str], log_path: str,
+           links: int = 1) -> int:
+    """Start every rank in its host's namespace with horovodrun's environment, bound to rail
+    local rank mod `links`; echo rank 0."""
     from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
     from horovod.runner.http.http_server import RendezvousServer
     size = hosts * rph
@@ -165,10 +190,11 @@ def launch(args, hosts: int, rph: int, bench_argv: List[str], log_path: str) -> 
 
         for slot in slots:
             k = int(slot.hostname.rsplit(".", 1)[1]) - 1
+            rail = slot.local_rank % links
             env = {
                 "HOROVOD_GLOO_RENDEZVOUS_ADDR": BRIDGE_IP, "HOROVOD_GLOO_RENDEZVOUS_PORT": port,
                 "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo",
-                "HOROVOD_GLOO_IFACE": "eth0", "HOROVOD_HOSTNAME": slot.hostname,
+                "HOROVOD_GLOO_IFACE": f"eth{rail}", "HOROVOD_HOSTNAME": slot.hostname,
                 "HOROVOD_RANK": slot.rank, "HOROVOD_SIZE": slot.size,
                 "HOROVOD_LOCAL_RANK": slot.local_rank, "HOROVOD_LOCAL_SIZE": slot.local_size,
                 "HOROVOD_CROSS_RANK": slot.cross_rank, "HOROVOD_CROSS_SIZE": slot.cross_size,
@@ -178,9 +204,11 @@ def launch(args, hosts: int, rph: int, bench_argv: List[str], log_path: str) -> 
             # Horovod 0.28.1 builds the Gloo contexts of process sets from the machine's host
             # name, not HOROVOD_GLOO_IFACE (its debug log shows them on 127.0.0.1, which the
             # other hosts cannot reach): each rank gets a UTS namespace named by its host's
-            # address, as a real host's name would resolve to it.
+            # address, as a real host's name would resolve to it: its rail's, so that its
+            # process sets talk over its own link (HOROVOD_HOSTNAME stays the host's: Horovod
+            # groups the ranks of a host by it).
             cmd = ["ip", "netns", "exec", f"{PREFIX}{k}", "unshare", "--uts", "sh", "-c",
-                   'hostname "$0" && exec "$@"', slot.hostname, "env",
+                   'hostname "$0" && exec "$@"', host_ip(k, rail), "env",
                    *[f"{key}={value}" for key, value in env.items()], *bench_argv]
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                     text=True, cwd=REPO, start_new_session=True)
@@ -215,13 +243,30 @@ def launch(args, hosts: int, rph: int, bench_argv: List[str], log_path: str) -> 
 # Report: ratios and plots from the CSV
 # ==================================================================================================
 
-def byte_limit(hosts: int, ranks_per_host: int) -> float:
+def byte_limit(hosts: int, ranks_per_host: int, links: int = 1) -> float:
     """Torus / ring time where the host links are the only bottleneck: the bytes each host must
-    send across its link. A flat ring over ranks laid out host by host crosses each host's link
-    once, with 2(N-1)/N of the buffer; the torus' column all-reduces (one per rank of a host,
-    each on 1/X of the buffer) send 2(Y-1)/Y of it. Y = hosts, X = ranks per host, N = X Y."""
+    send across its busiest link. A flat ring over ranks laid out host by host crosses each
+    host once, on one link, with 2(N-1)/N of the buffer; the torus' column all-reduces (one per
+    rank of a host, each on 1/X of the buffer) send 2(Y-1)/Y of it, spread over the host's
+    `links` rails. Y = hosts, X = ranks per host, N = X Y. Leader-based hierarchical sends the
+    torus' bytes through one link: its limit against the ring is that of the torus on one
+    link, and the torus' against it is 1 / links."""
     n = hosts * ranks_per_host
-    return (hosts - 1) / hosts * n / (n - 1)
+    return (hosts - 1) / hosts * n / (n - 1) / links
+
+
+def model_ms(algorithm: str, hosts: int, ranks_per_host: int, link_gbit: float, links: int,
+             nbytes: float) -> float:
+    """The cost model's time for the bytes across the host links alone (tftorus.cost_model with
+    only inter-host beta: no latency, no intra-host or CPU cost): a floor to set each
+    measurement beside. A rank is bound to one rail when a host has several links."""
+    from tftorus import cost_model as cm
+    from tftorus.grid import TorusGrid
+    params = cm.Params(intra=cm.Link(0.0, 0.0), inter=cm.Link(0.0, 8 / (link_gbit * 1e9)))
+    topology = cm.Topology(ranks_per_host, nics_per_host=links,
+                           nics_per_rank=1 if links > 1 else None)
+    grid = TorusGrid(hosts * ranks_per_host, ranks_per_host)  # a row per host
+    return 1e3 * cm.CostModel(params, topology).seconds(algorithm, grid, nbytes)
 
 
 def read_rows(path: str) -> List[Dict[str, str]]:
@@ -238,14 +283,23 @@ def medians(rows: List[Dict[str, str]], kinds=("variant",)) -> Dict[str, Dict[st
     return by
 
 
-def ratio_table(rows: List[Dict[str, str]], limit: float) -> str:
-    by = medians(rows)
+def workload_bytes(rows: List[Dict[str, str]]) -> Dict[str, float]:
+    return {r["workload"]: float(r["bytes"]) for r in rows if r.get("bytes")}
+
+
+def ratio_table(rows: List[Dict[str, str]], limit: float,
+                cluster: Optional[tuple] = None) -> str:
+    """Medians and ratios per workload; with `cluster` (hosts, ranks per host, Gbit/s, links)
+    the cost model's floor for the link bytes (model_ms) beside torus, hierarchical and ring."""
+    by, sizes = medians(rows), workload_bytes(rows)
     torus_names = [n for n in dict.fromkeys(n for v in by.values() for n in v)
                    if n.startswith("torus") and "native" not in n]
+    modelled = ("torus", "hierarchical", "ring") if cluster else ()
     head = ("| workload | " + " | ".join(f"{n} ms" for n in ("hvd", "ring", "hierarchical",
                                                              *torus_names))
             + " | byte limit | " + " | ".join(f"{t} / ring" for t in torus_names)
-            + " | torus / hierarchical | torus / hvd |")
+            + " | torus / hierarchical | torus / hvd |"
+            + "".join(f" model {a} ms |" for a in modelled))
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for workload, v in by.items():
         cells = [f"{v[n]:.1f}" if n in v else "" for n in ("hvd", "ring", "hierarchical",
@@ -255,6 +309,8 @@ def ratio_table(rows: List[Dict[str, str]], limit: float) -> str:
                   for t in torus_names]
         cells += [f"{v['torus'] / v[b]:.2f}" if "torus" in v and b in v else ""
                   for b in ("hierarchical", "hvd")]
+        cells += [f"{model_ms(a, *cluster, sizes[workload]):.1f}" if workload in sizes else ""
+                  for a in modelled]
         lines.append(f"| {workload} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -287,17 +343,22 @@ def phase_table(rows: List[Dict[str, str]]) -> str:
 
 
 def sweep_table(results: List[tuple]) -> str:
-    """One line per (topology, link, workload): each torus variant / ring beside the limit."""
+    """One line per (topology, link, links per host, workload): each torus variant / ring
+    beside its byte limit, and torus / leader-based hierarchical beside 1 / links."""
     names = [n for n in dict.fromkeys(n for *_, rows in results for v in medians(rows).values()
                                       for n in v) if n.startswith("torus") and "native" not in n]
-    head = ("| hosts x ranks | link Gbit/s | workload | byte limit | "
-            + " | ".join(f"{n} / ring" for n in names) + " |")
+    head = ("| hosts x ranks | link Gbit/s | links per host | workload | byte limit | "
+            + " | ".join(f"{n} / ring" for n in names)
+            + " | torus / hierarchical | its byte limit |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
-    for hosts, rph, gbit, rows in results:
+    for hosts, rph, gbit, links, rows in results:
         for workload, v in medians(rows).items():
             cells = [f"{v[n] / v['ring']:.2f}" if n in v and "ring" in v else "" for n in names]
-            lines.append(f"| {hosts} x {rph} | {gbit:g} | {workload} | "
-                         f"{byte_limit(hosts, rph):.3f} | " + " | ".join(cells) + " |")
+            cells.append(f"{v['torus'] / v['hierarchical']:.2f}"
+                         if "torus" in v and "hierarchical" in v else "")
+            lines.append(f"| {hosts} x {rph} | {gbit:g} | {links} | {workload} | "
+                         f"{byte_limit(hosts, rph, links):.3f} | " + " | ".join(cells)
+                         + f" | {1 / links:.3f} |")
     return "\n".join(lines)
 
 
@@ -306,10 +367,11 @@ def sweep_plot(results: List[tuple], out_dir: str) -> str:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    labels = [f"{h}x{r}\n{g:g} Gbit/s" for h, r, g, _ in results]
+    labels = [f"{h}x{r}, {k} link{'s' if k > 1 else ''}\n{g:g} Gbit/s"
+              for h, r, g, k, _ in results]
     fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(results)) + 3, 4.5))
-    ax.bar(range(len(results)), [byte_limit(h, r) for h, r, _, _ in results], color="0.85",
-           label="byte limit (host link bytes, torus / ring)")
+    ax.bar(range(len(results)), [byte_limit(h, r, k) for h, r, _, k, _ in results],
+           color="0.85", label="byte limit (host link bytes, torus / ring)")
     workloads = list(dict.fromkeys(w for *_, rows in results for w in medians(rows)))
     timed = {n for *_, rows in results for v in medians(rows).values() for n in v}
     names = [n for n in ("torus", "torus-tf", "torus-tf-nochunks") if n in timed]
@@ -399,6 +461,10 @@ def parse_args(argv=None):
                         "instead of --hosts / --ranks-per-host")
     p.add_argument("--link-gbit", type=float, nargs="+", default=[0.25],
                    help="each host's link, Gbit/s; several: one cluster each")
+    p.add_argument("--links-per-host", nargs="+", default=["1"], metavar="K",
+                   help="links (rails) per host, each at --link-gbit, a rank bound to rail "
+                        "local rank mod K; 'rank': one per rank of a host; several: one "
+                        "cluster each")
     p.add_argument("--grid", default=None, help="YxX (default: hosts x ranks-per-host)")
     p.add_argument("--engines", nargs="+", choices=("horovod", "tf"), default=["horovod", "tf"])
     p.add_argument("--sizes", nargs="*", type=bench.parse_size,
@@ -417,9 +483,16 @@ def parse_args(argv=None):
     p.add_argument("--out", default=DEFAULT_OUT, help="CSV, log and plots (default %(default)s)")
     p.add_argument("--timeout", type=float, default=2400, help="seconds before every rank is killed")
     args = p.parse_args(argv)
-    args.clusters = [(h, r, g) for h, r in (args.sweep or [(args.hosts, args.ranks_per_host)])
-                     for g in args.link_gbit]
-    for hosts, rph, gbit in args.clusters:
+    for links in args.links_per_host:
+        if links != "rank" and not (links.isdigit() and int(links) >= 1):
+            p.error(f"--links-per-host takes whole numbers >= 1 or 'rank', got {links!r}")
+    args.clusters = [(h, r, g, r if k == "rank" else int(k))
+                     for h, r in (args.sweep or [(args.hosts, args.ranks_per_host)])
+                     for g in args.link_gbit for k in args.links_per_host]
+    for hosts, rph, gbit, links in args.clusters:
+        if links > rph:
+            p.error(f"{hosts}x{rph}: {links} links per host is more than its {rph} ranks "
+                    f"(a rank is bound to one link)")
         if hosts < 2 or rph < 1 or gbit <= 0:
             p.error(f"{hosts}x{rph} at {gbit:g} Gbit/s: need at least 2 hosts, 1 rank per host "
                     f"and a link above 0 Gbit/s")
@@ -430,7 +503,8 @@ def parse_args(argv=None):
     return args
 
 
-def run_cluster(args, hosts: int, rph: int, gbit: float, out: str) -> List[Dict[str, str]]:
+def run_cluster(args, hosts: int, rph: int, gbit: float, links: int,
+                out: str) -> List[Dict[str, str]]:
     """Build one emulated cluster, run the benchmark across it, print its table; its CSV rows."""
     size = hosts * rph
     grid = args.grid or f"{hosts}x{rph}"
@@ -448,21 +522,23 @@ def run_cluster(args, hosts: int, rph: int, gbit: float, out: str) -> List[Dict[
          "--repeats", str(args.repeats), "--warmup", str(args.warmup), "--csv", csv_path,
          "--tag", "emulated", "--sizes", *[str(b) for b in args.sizes],
          "--resnet", *args.resnet, "--variants", *args.variants, "--chunks", str(args.chunks),
-         "--meta", f"hosts={hosts}", f"ranks_per_host={rph}", f"link_gbit={gbit:g}"])
-    title = f"{hosts} hosts x {rph} ranks, {gbit:g} Gbit/s host links, grid {grid}"
+         "--meta", f"hosts={hosts}", f"ranks_per_host={rph}", f"link_gbit={gbit:g}",
+         f"links_per_host={links}"])
+    title = (f"{hosts} hosts x {rph} ranks, {links} x {gbit:g} Gbit/s link"
+             f"{'s' if links > 1 else ''} per host, grid {grid}")
     print(f"emulated cluster: {title}; CSV {csv_path}", flush=True)
     start = time.time()
-    with Cluster(hosts, gbit):
+    with Cluster(hosts, gbit, links):
         rc = launch(args, hosts, rph, bench.worker_argv(bench_args, size, shapes_file),
-                    os.path.join(out, "ranks.log"))
+                    os.path.join(out, "ranks.log"), links)
     if rc or not os.path.exists(csv_path):
         return []
     rows = read_rows(csv_path)
     print(f"\n== {title}: medians and ratios (below 1: the torus is faster) ==")
-    print(ratio_table(rows, byte_limit(hosts, rph)))
+    print(ratio_table(rows, byte_limit(hosts, rph, links), (hosts, rph, gbit, links)))
     phases = phase_table(rows)
     if phases:
-        limit = byte_limit(hosts, rph)
+        limit = byte_limit(hosts, rph, links)
         print(f"\n== where the Horovod torus' time goes (byte limit {limit:.3f}) ==")
         print(phases)
     for path in plots(rows, out, title, gbit):
@@ -479,14 +555,14 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return SKIPPED
     results, failed = [], []
-    for hosts, rph, gbit in args.clusters:
+    for hosts, rph, gbit, links in args.clusters:
         out = (args.out if len(args.clusters) == 1 else
-               os.path.join(args.out, f"{hosts}x{rph}_{gbit:g}gbit"))
-        rows = run_cluster(args, hosts, rph, gbit, out)
+               os.path.join(args.out, f"{hosts}x{rph}_{gbit:g}gbit_{links}link"))
+        rows = run_cluster(args, hosts, rph, gbit, links, out)
         if rows:
-            results.append((hosts, rph, gbit, rows))
+            results.append((hosts, rph, gbit, links, rows))
         else:
-            failed.append(f"{hosts}x{rph} at {gbit:g} Gbit/s")
+            failed.append(f"{hosts}x{rph} at {links} x {gbit:g} Gbit/s")
     if len(args.clusters) > 1 and results:
         print("\n== every cluster: torus / ring, measured, beside the byte limit ==")
         print(sweep_table(results))

@@ -65,15 +65,30 @@ def test_torus_phase_sizes_by_hand():
         8 * 1e-6 + (6 * 2e6 + 2 * 1e6) * 1e-9)
 
 
-def test_hierarchical_column_moves_x_times_the_torus_column():
+def test_leader_based_hierarchical_sends_a_hosts_torus_bytes_from_one_rank():
     g = TorusGrid(16, 4)
     topo = cm.Topology(4)  # rows are hosts
     hier = {p.name: p for p in cm.algorithm_phases("hierarchical", g, topo, 1.6e7)}
     torus = {p.name: p for p in cm.algorithm_phases("torus", g, topo, 1.6e7)}
-    assert hier["column all-reduce (whole buffer)"].sent_bytes == pytest.approx(
-        g.x * torus["column all-reduce"].sent_bytes)
+    leaders, column = hier["leaders' all-reduce"], torus["column all-reduce"]
+    # per host the same bytes cross: the leader sends the whole buffer's share, the torus' X
+    # ranks 1/X of it each
+    assert leaders.sent_bytes == pytest.approx(g.x * column.sent_bytes)
+    assert (leaders.max_senders, column.max_senders) == (1, g.x)
+    assert [p.name for p in hier.values()] == ["row all-reduce", "leaders' all-reduce",
+                                                "row broadcast (all-reduce)"]
     assert hier["row all-reduce"].steps == 2 * (g.x - 1)
     assert hier["row all-reduce"].link == "intra"
+    # one shared link per host: the crossing costs the same; one link per rank (rails): the
+    # torus' columns each take their own link, the leader has one
+    p = params(ai=0.0, bi=0.0, ae=0.0, be=1e-9)  # only the bytes across hosts cost
+    one_link = cm.CostModel(p, topo)
+    assert leaders.seconds(p) == pytest.approx(column.seconds(p))
+    rails = cm.CostModel(p, cm.Topology(4, nics_per_host=4, nics_per_rank=1))
+    lead = rails.phases("hierarchical", g, 1.6e7)[1].seconds(p)
+    col = rails.phases("torus", g, 1.6e7)[1].seconds(p)
+    assert lead == pytest.approx(4 * col)
+    assert one_link.seconds("torus", g, 1.6e7) == pytest.approx(4 * col)
 
 
 def test_nic_sharing_in_the_column_phase():

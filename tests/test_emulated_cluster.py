@@ -35,7 +35,7 @@ def leftovers():
     names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
     return ([n for n in names.split() if n.startswith(ec.PREFIX)]
-            + [l for l in links.splitlines() if ec.BRIDGE in l or "tftv" in l])
+            + [l for l in links.splitlines() if "tftbr" in l or "tftv" in l])
 
 
 class ByteLimitTest(unittest.TestCase):
@@ -43,6 +43,18 @@ class ByteLimitTest(unittest.TestCase):
     def test_the_limits_of_the_issue_table(self):
         for hosts, rph, limit in ((2, 2, 0.667), (2, 4, 0.571), (4, 2, 0.857), (4, 4, 0.8)):
             self.assertAlmostEqual(ec.byte_limit(hosts, rph), limit, places=3)
+            # a rail per rank: the torus' columns spread over them, the ring keeps one
+            self.assertAlmostEqual(ec.byte_limit(hosts, rph, rph), limit / rph, places=3)
+
+    def test_the_models_floor_follows_the_bytes_on_the_busiest_link(self):
+        mib16 = 16 * 2 ** 20
+        one_link = {a: ec.model_ms(a, 2, 4, 0.25, 1, mib16) for a in ("torus", "hierarchical",
+                                                                       "ring")}
+        self.assertAlmostEqual(one_link["torus"] / one_link["ring"], ec.byte_limit(2, 4), 3)
+        self.assertAlmostEqual(one_link["hierarchical"], one_link["torus"], 6)  # same bytes
+        rails = {a: ec.model_ms(a, 2, 4, 0.25, 4, mib16) for a in ("torus", "hierarchical")}
+        self.assertAlmostEqual(rails["torus"] * 4, rails["hierarchical"], 6)
+        self.assertAlmostEqual(rails["hierarchical"], one_link["hierarchical"], 6)
 
     def test_phase_table(self):
         def row(name, ms, kind="phase"):
@@ -59,9 +71,16 @@ class ByteLimitTest(unittest.TestCase):
 
     def test_sweep_arguments(self):
         args = ec.parse_args(["--sweep", "2x2", "2x4", "--link-gbit", "0.25", "1"])
-        self.assertEqual(args.clusters, [(2, 2, 0.25), (2, 2, 1.0), (2, 4, 0.25), (2, 4, 1.0)])
-        with self.assertRaises(SystemExit):
-            ec.parse_args(["--sweep", "1x4"])  # one host is no cluster
+        self.assertEqual(args.clusters, [(2, 2, 0.25, 1), (2, 2, 1.0, 1), (2, 4, 0.25, 1),
+                                         (2, 4, 1.0, 1)])
+        args = ec.parse_args(["--sweep", "2x4", "4x2", "--links-per-host", "1", "rank"])
+        self.assertEqual(args.clusters, [(2, 4, 0.25, 1), (2, 4, 0.25, 4), (4, 2, 0.25, 1),
+                                         (4, 2, 0.25, 2)])
+        for bad in (["--sweep", "1x4"],  # one host is no cluster
+                    ["--hosts", "2", "--ranks-per-host", "2", "--links-per-host", "3"],
+                    ["--links-per-host", "two"]):
+            with self.assertRaises(SystemExit):
+                ec.parse_args(bad)
 
 
 @unittest.skipIf(REASON, f"emulated cluster not possible here: {REASON}")
@@ -84,20 +103,43 @@ class EmulatedClusterTest(unittest.TestCase):
             self.assertLess(rate_gbit, 1.5 * gbit)
         self.assertEqual(leftovers(), [])
 
+    def test_rails_are_separate_links(self):
+        # two senders at once, host 0 to host 1: on one rail each they get the rate each
+        gbit, nbytes = 0.1, 4 * 1024 * 1024
+        with ec.Cluster(2, gbit, links=2):
+            receivers = [subprocess.Popen(
+                ["ip", "netns", "exec", "tft-h1", sys.executable, "-c",
+                 RECEIVER.replace("5999", str(5999 - rail))], stdout=subprocess.PIPE, text=True)
+                for rail in (0, 1)]
+            for r in receivers:
+                self.assertEqual(r.stdout.readline().strip(), "ready")
+            senders = [subprocess.Popen(
+                ["ip", "netns", "exec", "tft-h0", sys.executable, "-c",
+                 SENDER.replace("5999", str(5999 - rail)), ec.host_ip(1, rail), str(nbytes)])
+                for rail in (0, 1)]
+            self.assertEqual([s.wait(timeout=60) for s in senders], [0, 0])
+            for r in receivers:
+                got, seconds = r.communicate(timeout=60)[0].split()
+                self.assertEqual(int(got), nbytes)
+                self.assertGreater(nbytes * 8 / float(seconds) / 1e9, 0.6 * gbit)
+        self.assertEqual(leftovers(), [])
+
     def test_benchmark_runs_across_hosts(self):
         out = os.path.join(harness.ROOT, "runs", "test_emulated")
         start = time.monotonic()
         result = subprocess.run(
             [sys.executable, "-m", "studies.emulated_cluster",
-             "--hosts", "2", "--ranks-per-host", "2", "--sizes", "64K", "--resnet",
+             "--hosts", "2", "--ranks-per-host", "2", "--links-per-host", "rank",
+             "--sizes", "64K", "--resnet",
              "--engines", "horovod", "--variants", "hvd", "torus", "ring", "hierarchical",
              "column all-reduce", "one row's reduce-scatter", "one row's all-gather",
              "--repeats", "2", "--out", out, "--timeout", "240"],
             capture_output=True, text=True, timeout=300, cwd=harness.ROOT)
         self.assertEqual(result.returncode, 0, result.stdout[-3000:] + result.stderr[-3000:])
-        # 4 medians, the byte limit (0.667 at 2 x 2), torus / ring, / hierarchical, / hvd
-        self.assertRegex(result.stdout, r"\| flat 64 KiB \|( [\d.]+ \|){4} 0\.667 \|"
-                                        r"( [\d.]+ \|){3}")
+        # 4 medians, the byte limit (0.333 at 2 x 2 on a rail per rank), torus / ring,
+        # / hierarchical, / hvd, and the model's floor for torus, hierarchical and ring
+        self.assertRegex(result.stdout, r"\| flat 64 KiB \|( [\d.]+ \|){4} 0\.333 \|"
+                                        r"( [\d.]+ \|){6}")
         # where the time goes: column alone, and column + one host's row phases
         self.assertRegex(result.stdout, r"\| flat 64 KiB \| [\d.]+ \| [\d.]+ \|  \| [\d.]+ \| "
                                         r"[\d.]+ \|")

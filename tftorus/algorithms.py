@@ -1,4 +1,5 @@
-"""All-reduce algorithms over a Communicator: the paper's 2D torus, and two baselines.
+"""All-reduce algorithms over a Communicator: the paper's 2D torus, and the two baselines users
+would pick instead.
 
 Each takes a flat 1-D buffer (already padded to `alignment(name, grid, chunks)`) and the number
 of chunks to pipeline it in (`pipeline_chunks`: 1 but for the torus), and returns the
@@ -8,8 +9,16 @@ differ in which groups carry which bytes:
   torus         reduce-scatter in the row, all-reduce of the 1/X shard in the column,
                 all-gather in the row: 2(X-1) + 2(Y-1) sequential steps, ring-optimal bytes.
   ring          one all-reduce over the whole world (Horovod's flat all-reduce): 2(N-1) steps.
-  hierarchical  all-reduce inside a node (row, X = ranks per node), then all-reduce of the
-                *whole* buffer across nodes (column): the middle step moves X times the torus'.
+  hierarchical  leader-based (Jia et al. 2018, which the paper compares with; PaddlePaddle's
+                use_hierarchical_allreduce, TensorFlow's nccl-then-ring): all-reduce inside
+                each node (row, X = ranks per node), all-reduce of the whole buffer among the
+                node leaders (local rank 0: the grid's first column), then the leader's result
+                to the node's other ranks. Across hosts it sends the torus' bytes per host, but
+                all through the leader: one link of a host with several, and one rank's work.
+
+Horovod's own HOROVOD_HIERARCHICAL_ALLREDUCE (NCCL builds only) reduce-scatters inside the
+node, all-reduces across nodes among ranks of equal local rank and all-gathers inside the node:
+that is the torus with X = ranks per node, which tftorus runs on any grid and either engine.
 
 `auto` (the optimizers' default) picks one of them per fused buffer by topology and size
 (`choose`): the engine's own all-reduce on one host and for small buffers, the torus across
@@ -87,9 +96,15 @@ def ring_allreduce(comm: Communicator, grid: TorusGrid, flat: tf.Tensor,
 
 def hierarchical_allreduce(comm: Communicator, grid: TorusGrid, flat: tf.Tensor,
                            chunks: int = 1) -> tf.Tensor:
+    """Leader-based, on the node grid (a row per node, tftorus.grid.hierarchical_grid)."""
     del chunks  # pipeline_chunks gives only the torus more than one
-    flat = comm.all_reduce(flat, grid.row_group(comm.rank))  # inside the node
-    return comm.all_reduce(flat, grid.col_group(comm.rank))  # across nodes, full buffer
+    row = grid.row_group(comm.rank)
+    node_sum = comm.all_reduce(flat, row)  # step 1: inside the node
+    leader = row[0]
+    if comm.rank == leader:  # step 2: the leaders alone cross the hosts, with the whole buffer
+        node_sum = comm.all_reduce(node_sum, grid.col_group(comm.rank))
+    # step 3: the leader's sum to its node; the others add zeros, which leaves it bit for bit
+    return comm.all_reduce(node_sum if comm.rank == leader else tf.zeros_like(node_sum), row)
 
 
 ALGORITHMS: Dict[str, Callable[[Communicator, TorusGrid, tf.Tensor, int], tf.Tensor]] = {

@@ -31,9 +31,12 @@ The three algorithms (tftorus/algorithms.py), on a grid of Y rows by X columns (
                   row all-gather:                X-1 steps of n/X
                   -> 2(X-1) + 2(Y-1) steps; bytes sent per rank 2(N-1)/N * n, the ring's
     hierarchical  row all-reduce of n:           2(X-1) steps of n/X
-                  column all-reduce of n:        2(Y-1) steps of n/Y
-                  -> the column moves X times the torus' column bytes (tftorus' version: an
-                     all-reduce in the node, then of the *whole* buffer across nodes)
+                  leaders' all-reduce of n:      2(Y-1) steps of n/Y, one rank per host (the
+                                                 grid's first column) crossing
+                  row all-reduce of n:           2(X-1) steps of n/X (the leader's sum to its
+                                                 node: the others add zeros)
+                  -> per host the torus' cross-host bytes, but all from one rank: on hosts with
+                     several NICs and nics_per_rank=1 (rails) one NIC carries them all
 
 `hvd` (Horovod's own hvd.allreduce, a Gloo ring over all ranks) is the flat ring.
 
@@ -207,7 +210,7 @@ class Phase:
     """
 
     name: str
-    group: str  # 'row', 'column' or 'world'
+    group: str  # 'row', 'column', 'leaders' (the first column) or 'world'
     members: int  # ranks per group
     chunk: float  # bytes per message
     intra_steps: int
@@ -246,7 +249,8 @@ def copy_phase(nbytes: float) -> Phase:
 
 def _groups(grid: TorusGrid, group: str) -> np.ndarray:
     rows = np.arange(grid.size).reshape(grid.y, grid.x)
-    return {"row": rows, "column": rows.T, "world": rows.reshape(1, -1)}[group]
+    return {"row": rows, "column": rows.T, "leaders": rows.T[:1], "world": rows.reshape(1, -1)
+            }[group]
 
 
 def _crossing(groups: np.ndarray, offset: int, topo: Topology, size: int) -> int:
@@ -345,7 +349,9 @@ def algorithm_phases(algorithm: str, grid: TorusGrid, topo: Topology, nbytes: fl
         phases.extend(torus_phase(p, grid, topo, nbytes, reduce_scatter) for p in TORUS_PHASES)
     else:
         phases.append(ring_phase("row all-reduce", grid, "row", topo, nbytes, "all-reduce"))
-        phases.append(ring_phase("column all-reduce (whole buffer)", grid, "column", topo, nbytes,
+        phases.append(ring_phase("leaders' all-reduce", grid, "leaders", topo, nbytes,
+                                 "all-reduce"))
+        phases.append(ring_phase("row broadcast (all-reduce)", grid, "row", topo, nbytes,
                                  "all-reduce"))
     if gradient_set:
         phases.append(copy_phase(nbytes))
