@@ -100,11 +100,15 @@ def hierarchical_allreduce(comm: Communicator, grid: TorusGrid, flat: tf.Tensor,
     del chunks  # pipeline_chunks gives only the torus more than one
     row = grid.row_group(comm.rank)
     node_sum = comm.all_reduce(flat, row)  # step 1: inside the node
-    leader = row[0]
-    if comm.rank == leader:  # step 2: the leaders alone cross the hosts, with the whole buffer
-        node_sum = comm.all_reduce(node_sum, grid.col_group(comm.rank))
+    # Every rank runs the same ops, so that engines which match collectives by the name of
+    # their input (Horovod) pair them across ranks; only the sizes differ by rank.
+    n = node_sum.shape[0] if node_sum.shape[0] is not None else tf.shape(node_sum)[0]
+    length = n if comm.rank == row[0] else 0
+    # step 2: the leaders (the first column) all-reduce the whole buffer across the hosts; the
+    # other columns all-reduce nothing
+    across = comm.all_reduce(node_sum[:length], grid.col_group(comm.rank))
     # step 3: the leader's sum to its node; the others add zeros, which leaves it bit for bit
-    return comm.all_reduce(node_sum if comm.rank == leader else tf.zeros_like(node_sum), row)
+    return comm.all_reduce(tf.pad(across, [[0, n - length]]), row)
 
 
 ALGORITHMS: Dict[str, Callable[[Communicator, TorusGrid, tf.Tensor, int], tf.Tensor]] = {

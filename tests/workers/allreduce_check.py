@@ -18,7 +18,7 @@ import tensorflow as tf
 import pipeline_and_wire  # noqa: E402  (tests/workers, the script's own folder)
 import report  # noqa: E402
 import tftorus
-from tftorus.grid import divisors
+from tftorus.grid import divisors, parse_grid
 
 # Shapes: scalar, one element, odd sizes, sizes below any row length, multi-dim, empty, large odd.
 SHAPES = [(), (1,), (3,), (7,), (5, 3), (2, 3, 5), (0,), (0, 4), (1001,), (13, 17, 3)]
@@ -138,6 +138,9 @@ def main():
     two_phase = pipeline_and_wire.two_phase_grids(grids, n)
     cases = [("torus", g) for g in (two_phase if light else grids)]
     cases += [("ring", None), ("hierarchical", None)]
+    # leader-based hierarchical on grids with a row and a column phase (the node grid of one
+    # host has one row, so its leaders' step would be local): nodes of X ranks, as on hosts
+    cases += [("hierarchical", g) for g in two_phase]
     dtypes = [tf.float32, tf.float64, tf.float16, tf.int32] if light else DTYPES
     for algorithm, grid in cases:
         for dtype in dtypes:
@@ -145,17 +148,19 @@ def main():
                 key = (dtype.name, integer_valued)
                 inputs = make_inputs(dtype, integer_valued, seed=100 * rank + DTYPES.index(dtype))
                 label = f"{algorithm} {grid or ''} {dtype.name} {'int-valued' if integer_valued else 'random'}"
+                where = (dict(torus_grid=parse_grid(grid, n)) if algorithm == "hierarchical"
+                         and grid else dict(grid=grid))
                 check_case(label, inputs, dtype, integer_valued, key, algorithm=algorithm,
-                           grid=grid)
+                           **where)
                 if dtype == tf.float32 and not integer_valued:
                     for name, comp, wire in [("fp16", tftorus.Compression.fp16, tf.float16),
                                              ("bf16", tftorus.Compression.bf16, tf.bfloat16)]:
                         check_case(f"{label} {name}-wire", inputs, wire, False, key,
-                                   algorithm=algorithm, grid=grid, compression=comp)
+                                   algorithm=algorithm, compression=comp, **where)
                     check_case(f"{label} unfused", inputs, dtype, False, key,
-                               algorithm=algorithm, grid=grid, fusion_threshold_bytes=0)
+                               algorithm=algorithm, fusion_threshold_bytes=0, **where)
                     check_case(f"{label} 64B-buckets", inputs, dtype, False, key,
-                               algorithm=algorithm, grid=grid, fusion_threshold_bytes=64)
+                               algorithm=algorithm, fusion_threshold_bytes=64, **where)
     # The chunk pipeline: bit for bit the same as none, eagerly and in a tf.function.
     for k, grid in enumerate(two_phase):
         inputs = make_inputs(tf.float32, False, seed=100 * rank + 50 + k)

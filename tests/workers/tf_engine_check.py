@@ -24,7 +24,7 @@ import numpy as np
 
 import tftorus
 from tftorus import context, tf_cluster
-from tftorus.grid import divisors
+from tftorus.grid import divisors, parse_grid
 
 args = argparse.ArgumentParser()
 args.add_argument("--timeout", type=float, default=120.0)
@@ -175,16 +175,20 @@ def main():
     for i, group in enumerate(groups()):
         check_primitives(group, seed=10 + i)
     cases = [("torus", g) for g in GRIDS] + [("ring", None), ("hierarchical", None)]
+    # leader-based hierarchical with nodes of X ranks (one host's node grid has one row)
+    cases += [("hierarchical", g) for g in pipeline_and_wire.two_phase_grids(GRIDS, N)[:1]]
     for k, (algorithm, grid) in enumerate(cases):
         label = f"{algorithm} {grid or ''}"
-        check_fused(f"{label} float32", 100 + k, tf.float32, algorithm=algorithm, grid=grid)
+        where = (dict(torus_grid=parse_grid(grid, N)) if algorithm == "hierarchical" and grid
+                 else dict(grid=grid))
+        check_fused(f"{label} float32", 100 + k, tf.float32, algorithm=algorithm, **where)
         if opts.light and algorithm == "torus" and grid not in ("2x5", "5x2", "2x6", "6x2"):
             continue
-        check_fused(f"{label} float16", 200 + k, tf.float16, algorithm=algorithm, grid=grid)
+        check_fused(f"{label} float16", 200 + k, tf.float16, algorithm=algorithm, **where)
         check_fused(f"{label} float32 fp16-wire", 300 + k, tf.float32,
-                    tftorus.Compression.fp16, tf.float16, algorithm=algorithm, grid=grid)
+                    tftorus.Compression.fp16, tf.float16, algorithm=algorithm, **where)
         check_fused(f"{label} float32 64B-buckets", 400 + k, tf.float32, algorithm=algorithm,
-                    grid=grid, fusion_threshold_bytes=64)
+                    fusion_threshold_bytes=64, **where)
     check_split_messages()
     two_phase = pipeline_and_wire.two_phase_grids(GRIDS, N)
     for k, grid in enumerate(two_phase[:1] if opts.light else two_phase):
