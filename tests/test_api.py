@@ -1,5 +1,7 @@
 """Issue 18: the facades export what __all__ lists, refuse what they cannot honour with the
-reason, and take the torus options as one TorusOptions or by name."""
+reason, and take the torus options as one TorusOptions or by name. Issue 30: they have every
+public name of Horovod's modules, so Horovod's own test suites run on them."""
+import inspect
 import subprocess
 import sys
 
@@ -8,6 +10,15 @@ import tensorflow as tf
 import tftorus
 import tftorus.keras
 from tftorus.reduction import TorusOptions
+from tftorus.unsupported import REFUSED
+
+
+def horovod_public_names(module):
+    """The names `from module import *` gives (Horovod has no __all__), less the libraries it
+    imports for itself (os, tf, keras, packaging's version, ...)."""
+    return {name for name in dir(module) if not name.startswith("_")
+            and not (inspect.ismodule(getattr(module, name))
+                     and not getattr(module, name).__name__.startswith("horovod"))}
 
 
 class ApiTest(tf.test.TestCase):
@@ -18,6 +29,32 @@ class ApiTest(tf.test.TestCase):
                 self.assertEqual(len(module.__all__), len(set(module.__all__)))
                 for name in module.__all__:
                     self.assertTrue(hasattr(module, name), name)
+
+    def test_every_public_horovod_name_is_on_the_facade(self):
+        """What `hvd.` reaches on Horovod's modules is there on ours (Horovod's own test suites
+        call rank_op(), util._executing_eagerly() and such): Horovod's object itself, except
+        where it would reduce gradients or start Horovod without the torus' process sets."""
+        import horovod.tensorflow as hvd_tf
+        import horovod.tensorflow.keras as hvd_keras
+        ours = {"init", "shutdown", "DistributedOptimizer", "DistributedGradientTape",
+                "PartialDistributedGradientTape", "load_model", "Compression",
+                "compression", "keras"}  # the last two: tftorus' submodules of those names
+        for module, horovods in ((tftorus, hvd_tf), (tftorus.keras, hvd_keras)):
+            reached = {"_executing_eagerly"} & set(dir(horovods))  # by Horovod's test suite
+            for name in horovod_public_names(horovods) | reached:
+                with self.subTest(module=module.__name__, name=name):
+                    if name in REFUSED:
+                        self.assertFalse(hasattr(module, name))
+                        continue
+                    found = getattr(module, name)
+                    if name in ours:
+                        owner = found.__name__ if inspect.ismodule(found) else found.__module__
+                        self.assertTrue(owner.startswith("tftorus"), owner)
+                    else:
+                        self.assertIs(found, getattr(horovods, name))
+                    if not name.startswith("_") and not (name in ours and inspect.ismodule(found)):
+                        self.assertIn(name, module.__all__)  # as `from horovod... import *`
+        self.assertTrue(tftorus.util._executing_eagerly())  # eager by default in TF 2
 
     def test_ours_where_horovods_would_bypass_the_torus(self):
         self.assertEqual(tftorus.PartialDistributedGradientTape.__module__, "tftorus.optimizer")

@@ -4,21 +4,28 @@
     import tftorus.keras as hvd      # in place of: import horovod.tensorflow.keras as hvd
 
 What this module exports is listed in __all__: tftorus' own (init, the optimizer and tape
-wrappers, Compression, the grid, TorusOptions), and Horovod's collectives, process sets and
-queries unchanged under the same names. `elastic` is refused with the reason
-(tftorus.unsupported). `tftorus.world` has rank(), size(), barrier() and broadcast_variables()
-that also work on the tf engine without a Horovod runtime (TF_CONFIG clusters).
+wrappers, Compression, the grid, TorusOptions), and every other public name of
+horovod.tensorflow unchanged (collectives, process sets, queries and their *_op graph ops, its
+submodules such as util and mpi_ops, its helpers), plus `_executing_eagerly`, which Horovod's
+own test suite calls on `hvd`. `elastic` is refused with the reason (tftorus.unsupported).
+`tftorus.world` has rank(), size(), barrier() and broadcast_variables() that also work on the tf
+engine without a Horovod runtime (TF_CONFIG clusters).
 """
 import horovod.tensorflow as _hvd_tf
 from horovod.tensorflow import (  # noqa: F401  Horovod's own, unchanged
-    Adasum, Average, BroadcastGlobalVariablesHook, Max, Min, ProcessSet, Product, Sum,
-    SyncBatchNormalization, add_process_set, allgather, allgather_object, allreduce, alltoall,
-    broadcast, broadcast_, broadcast_object, broadcast_object_fn, broadcast_variables,
-    ccl_built, cross_rank, cross_size, cuda_built, ddl_built, global_process_set, gloo_built,
-    gloo_enabled, grouped_allgather, grouped_allreduce, grouped_reducescatter, is_homogeneous,
-    is_initialized, join, local_rank, local_size, mpi_built, mpi_enabled, mpi_threads_supported,
-    nccl_built, rank, reducescatter, remove_process_set, rocm_built, size, start_timeline,
-    stop_timeline)
+    Adasum, Average, BroadcastGlobalVariablesHook, LocalGradientAggregationHelper, Max, Min,
+    ProcessSet, Product, Sum, SyncBatchNormalization, add_process_set, allgather,
+    allgather_object, allreduce, alltoall, broadcast, broadcast_, broadcast_global_variables,
+    broadcast_object, broadcast_object_fn, broadcast_variables, ccl_built, check_extension,
+    check_num_rank_power_of_2, cross_rank, cross_size, cuda_built, ddl_built, functions,
+    global_process_set, gloo_built, gloo_enabled, gpu_available, gradient_aggregation,
+    gradient_aggregation_eager, grouped_allgather, grouped_allreduce, grouped_reducescatter,
+    handle_average_backwards_compatibility, is_homogeneous, is_initialized, join, local_rank,
+    local_rank_op, local_size, local_size_op, mpi_built, mpi_enabled, mpi_ops,
+    mpi_threads_supported, nccl_built, process_set_included_op, rank, rank_op, reducescatter,
+    refs_to_vars, remove_process_set, rocm_built, size, size_op, split_list, start_timeline,
+    stop_timeline, sync_batch_norm, util, vars_to_refs)
+from horovod.tensorflow.util import _executing_eagerly  # noqa: F401  Horovod's tests call it
 
 from tftorus import world
 from tftorus.compression import Compression  # adds bf16 to Horovod's choices
@@ -52,12 +59,19 @@ __all__ = [
     "Average", "Sum", "Adasum", "Min", "Max", "Product", "ProcessSet", "global_process_set",
     "add_process_set", "remove_process_set", "allreduce", "grouped_allreduce", "allgather",
     "grouped_allgather", "allgather_object", "broadcast", "broadcast_", "broadcast_object",
-    "broadcast_object_fn", "broadcast_variables", "alltoall", "reducescatter",
-    "grouped_reducescatter", "join", "SyncBatchNormalization", "BroadcastGlobalVariablesHook",
-    "rank", "size", "local_rank", "local_size", "cross_rank", "cross_size", "is_initialized",
+    "broadcast_object_fn", "broadcast_variables", "broadcast_global_variables", "alltoall",
+    "reducescatter", "grouped_reducescatter", "join", "SyncBatchNormalization",
+    "BroadcastGlobalVariablesHook", "LocalGradientAggregationHelper",
+    "rank", "size", "local_rank", "local_size", "cross_rank", "cross_size", "rank_op",
+    "size_op", "local_rank_op", "local_size_op", "process_set_included_op", "is_initialized",
     "is_homogeneous", "start_timeline", "stop_timeline", "mpi_built", "mpi_enabled",
     "mpi_threads_supported", "gloo_built", "gloo_enabled", "nccl_built", "ddl_built",
-    "ccl_built", "cuda_built", "rocm_built",
+    "ccl_built", "cuda_built", "rocm_built", "gpu_available", "check_extension",
+    "check_num_rank_power_of_2", "handle_average_backwards_compatibility", "split_list",
+    "vars_to_refs", "refs_to_vars",
+    # Horovod's submodules
+    "util", "mpi_ops", "functions", "sync_batch_norm", "gradient_aggregation",
+    "gradient_aggregation_eager",
 ]
 
 

@@ -3,14 +3,16 @@
 Horovod's Keras API (callbacks for broadcast, metric averaging and LR warm-up, rank(), size(),
 ...), with the optimizer, load_model and init reducing over the 2D torus; and BatchSizeControl,
 the paper's batch-size control (Horovod's backward_passes_per_step is fixed for the run).
-Everything exported is listed in __all__; `elastic` is refused (see tftorus.unsupported).
+Everything exported is listed in __all__: every public name of horovod.tensorflow.keras
+(ours where it reduces, Horovod's otherwise); `elastic` is refused (see tftorus.unsupported).
 """
 from horovod.tensorflow.keras import (  # noqa: F401  Horovod's own, unchanged
     Average, ProcessSet, Sum, add_process_set, allgather, allreduce, broadcast,
     broadcast_global_variables, callbacks, ccl_built, cross_rank, cross_size, cuda_built,
-    ddl_built, global_process_set, gloo_built, gloo_enabled, is_initialized, local_rank,
-    local_size, mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank, reducescatter,
-    remove_process_set, rocm_built, size, start_timeline, stop_timeline)
+    ddl_built, global_process_set, gloo_built, gloo_enabled, is_initialized,
+    is_version_greater_equal_than, local_rank, local_size, mpi_built, mpi_enabled,
+    mpi_threads_supported, nccl_built, rank, reducescatter, remove_process_set, rocm_built, size,
+    start_timeline, stop_timeline)
 
 from tftorus.batch_size_control import BatchSizeControl
 from tftorus.compression import Compression
@@ -29,7 +31,7 @@ __all__ = [
     "reducescatter", "callbacks", "rank", "size", "local_rank", "local_size", "cross_rank",
     "cross_size", "is_initialized", "start_timeline", "stop_timeline", "mpi_built",
     "mpi_enabled", "mpi_threads_supported", "gloo_built", "gloo_enabled", "nccl_built",
-    "ddl_built", "ccl_built", "cuda_built", "rocm_built",
+    "ddl_built", "ccl_built", "cuda_built", "rocm_built", "is_version_greater_equal_than",
 ]
 
 
