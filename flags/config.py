@@ -36,7 +36,8 @@ class TrainConfig:
     batch_divisor: int  # every total batch of the table is divided by this
     max_micro_batch: Optional[int]  # per-worker cap; above it, gradients accumulate
     batch_schedule: Optional[str]  # 'TOTAL@START,...' replacing the experiment's batches
-    gpus_per_phase: str = _may_differ()  # 'fixed', 'paper' or 'W1,W2,...' (official_resnet/batch_plan.py)
+    # 'fixed', 'paper' or 'W1,W2,...' (official_resnet/batch_plan.py)
+    gpus_per_phase: str = _may_differ()
     # --- data ---
     data_dir: str = _may_differ()
     image_size: int
@@ -63,8 +64,10 @@ class TrainConfig:
     algorithm: str = _may_differ()
     engine: str = _may_differ()
     collective_timeout: float = _may_differ()
-    heartbeat_timeout: float = _may_differ()  # seconds of silence after which a worker counts as lost
-    stall_timeout: float = _may_differ()  # seconds without progress (while others moved on): a stalled worker
+    # seconds of silence after which a worker counts as lost
+    heartbeat_timeout: float = _may_differ()
+    # seconds without progress (while others moved on): a stalled worker
+    stall_timeout: float = _may_differ()
     grid: str = _may_differ()
     compression: str
     fusion_threshold_mb: float = _may_differ()
@@ -73,10 +76,13 @@ class TrainConfig:
     eval_every: float  # epochs between evaluations
     model_dir: str = _may_differ()
     seed: int
-    max_steps: Optional[int] = _may_differ()  # stop early (tests, smoke runs); None: the whole schedule
-    resume: str = _may_differ()  # 'auto', 'never' or a checkpoint directory (official_resnet/checkpointing.py)
+    # stop early (tests, smoke runs); None: the whole schedule
+    max_steps: Optional[int] = _may_differ()
+    # 'auto', 'never' or a checkpoint directory (official_resnet/checkpointing.py)
+    resume: str = _may_differ()
     stop_at_epoch: Optional[float] = _may_differ()  # finish this epoch, checkpoint, exit 0
-    keep_checkpoints: int = _may_differ()  # newest checkpoints kept (phase-boundary ones are always kept)
+    # newest checkpoints kept (phase-boundary ones are always kept)
+    keep_checkpoints: int = _may_differ()
     on_nonfinite: str = _may_differ()  # 'skip' or 'stop': a step with inf/NaN gradients or loss
     max_nonfinite_skips: int = _may_differ()  # consecutive skipped steps that stop the run anyway
 

@@ -57,7 +57,8 @@ class DataInfo(NamedTuple):
 def sizes_without_reading(config) -> Optional[dataset_info.DataSizes]:
     """The data's sizes when known without reading records (manifest, ImageNet's standard
     layout, an earlier count); the embedded default's from its spec before it is generated."""
-    if config.data_dir == embedded_data.DEFAULT_DATA_DIR and not embedded_data.read_manifest(config.data_dir):
+    if (config.data_dir == embedded_data.DEFAULT_DATA_DIR
+            and not embedded_data.read_manifest(config.data_dir)):
         spec = embedded_data.EmbeddedSpec()
         return dataset_info.DataSizes(spec.num_train, spec.num_validation, spec.num_classes,
                                       "embedded spec")
