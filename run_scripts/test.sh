@@ -9,8 +9,8 @@
 #   bash run_scripts/test.sh --quick         # the default tier's tests that start no process
 #   bash run_scripts/test.sh tests/test_grid.py -k planner   # these tests, whatever their tier
 #
-# CI (.ci/run) runs --all. Measured on 2 cores from a fresh clone (2026-11-25): --all 18.5-22.2
-# min with set-up in three runs, the default tier 7.0 min, --quick 39 s.
+# CI (.ci/run) runs --all. Measured on 2 cores from a fresh clone (2026-11-25, 409d794): --all
+# 24.2 min with set-up (17.3 of tests), --quick 47 s; the default tier 7.5 min (82bea71).
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$repo/run_scripts/setup.sh"
