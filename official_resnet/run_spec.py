@@ -5,7 +5,8 @@ from it, derived here and nowhere else: the experiment with --batch_schedule app
 batches divided by --batch_divisor, the number of workers of each phase (--gpus_per_phase), the
 LR scale and the momentum rule's reference batch (the scale-down rule), and the grid. The
 trainer, plan mode and the phase launcher (run_scripts/run_experiment.py) all read it; rank 0
-logs it and writes it beside the checkpoints as run.json.
+writes it beside the checkpoints as run.json (and logs the config, the LR scale, the momentum
+reference batch and every phase as it starts).
 
     spec = RunSpec.from_config(config)
     plans = spec.plans(dataset_size=1281167, world_size=hvd_size)

@@ -448,8 +448,7 @@ def train(spec: RunSpec) -> None:
 
 def log_start(job: Job, existing_run: bool, model) -> None:
     config, info, spec = job.config, job.info, job.spec
-    run_json = spec.to_json(job.workers.size)  # what the flags resolved to on this world size
-    logger.info("run specification:\n%s", run_json)
+    logger.info("configuration:\n%s", config.to_json())
     logger.info("%s on %d worker(s), torus grid %s, data: %d train / %d validation images, "
                 "%d classes", spec.experiment.name, job.workers.size,
                 tftorus.context.default_grid(), info.train_examples, info.validation_examples,
@@ -466,8 +465,11 @@ def log_start(job: Job, existing_run: bool, model) -> None:
     if not existing_run:  # a resumed run keeps the config.json it started with
         checkpointing.write_json_atomic(os.path.join(config.model_dir, "config.json"),
                                         config.to_json())
-    # rewritten by every job of the run: a relaunch on another world size says so
-    checkpointing.write_json_atomic(os.path.join(config.model_dir, RUN_SPEC_FILE), run_json)
+    # What the flags resolved to on this world size; rewritten by every job of the run (a
+    # relaunch on another world size says so). The phase lines below log the same per phase.
+    path = os.path.join(config.model_dir, RUN_SPEC_FILE)
+    checkpointing.write_json_atomic(path, spec.to_json(job.workers.size))
+    logger.info("run specification (phases, batches, workers, LR scale, grid): %s", path)
 
 
 def log_end(job: Job, state: RunState, complete: bool) -> None:
