@@ -10,7 +10,7 @@
 #   bash run_scripts/test.sh tests/test_grid.py -k planner   # these tests, whatever their tier
 #
 # CI (.ci/run) runs --all. Measured on 2 cores from a fresh clone (2026-11-25, 409d794): --all
-# 24.2 min with set-up (17.3 of tests), --quick 47 s; the default tier 7.5 min (82bea71).
+# 24.2 min with set-up (17.3 of tests), --quick 47 s; the default tier 7.4 min (57e1ac7).
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$repo/run_scripts/setup.sh"
