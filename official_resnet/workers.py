@@ -9,6 +9,8 @@ from typing import Callable, Optional
 
 import tensorflow as tf
 
+from tftorus import world
+
 
 @dataclasses.dataclass(frozen=True)
 class Workers:
@@ -19,10 +21,9 @@ class Workers:
     @classmethod
     def current(cls) -> "Workers":
         """The job tftorus.init() joined (either engine)."""
-        import tftorus  # the recipe's data and callbacks import without starting an engine
-        size = tftorus.world.size()
-        return cls(rank=tftorus.world.rank(), size=size,
-                   allreduce_sum=tftorus.world.allreduce_sum if size > 1 else None)
+        size = world.size()
+        return cls(rank=world.rank(), size=size,
+                   allreduce_sum=world.allreduce_sum if size > 1 else None)
 
     @property
     def chief(self) -> bool:
@@ -34,5 +35,4 @@ class Workers:
     def barrier(self) -> None:
         """Return when every worker has called it (the engine's barrier)."""
         if self.size > 1:
-            import tftorus
-            tftorus.world.barrier()
+            world.barrier()

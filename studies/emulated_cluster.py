@@ -52,9 +52,8 @@ from studies import benchmark_allreduce as bench
 
 SKIPPED = 77
 PREFIX = "tft-h"
-BRIDGE = "tftbr0"
-SUBNET = "10.77.0"
-BRIDGE_IP = f"{SUBNET}.254"
+BRIDGE = "tftbr0"  # rail 0's, the one every host has
+BRIDGE_IP = "10.77.0.254"  # rail 0's bridge address: the Gloo rendezvous
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_OUT = os.path.join(tempfile.gettempdir(), "tftorus_emulated")
 
@@ -72,7 +71,7 @@ def rail_subnet(rail: int) -> str:
 
 
 def rail_bridge(rail: int) -> str:
-    return BRIDGE if rail == 0 else f"tftbr{rail}"
+    return f"tftbr{rail}"
 
 
 def host_ip(k: int, rail: int = 0) -> str:
