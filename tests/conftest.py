@@ -34,6 +34,12 @@ SLOW = {
     "tests/test_worker_loss.py::WorkerLossTest::test_stopped_worker_horovod_engine": 49,
     "tests/test_worker_loss.py::WorkerLossTest::test_killed_worker_tf_engine": 44,
     "tests/test_worker_loss.py::WorkerLossTest::test_stopped_worker_tf_engine": 44,
+    # elastic: one job (shared by both tests) that loses a worker and gains one; the killed
+    # worker on a fixed world stays in the default tier (test_worker_loss)
+    "tests/test_elastic.py::ElasticJobTest::"
+    "test_four_then_three_on_a_grid_named_in_the_log_then_four": 50,
+    "tests/test_elastic.py::ElasticJobTest::"
+    "test_every_step_committed_once_and_weights_equal_a_float64_replay": 1,
     # resume: the launcher test (tests/test_paper_scale.py) changes the world size by default
     "tests/test_resume.py::ResumeRunsTest::test_new_world_size_at_the_phase_boundary": 87,
     "tests/test_resume.py::ResumeRunsTest::test_stop_and_resume_equals_uninterrupted": 77,
@@ -55,6 +61,7 @@ SLOW = {
 # test classes (or single tests) that start processes: worlds under horovodrun, TF_CONFIG
 # processes, run_scripts/*.py end to end, or one `python -c`
 LAUNCHES = (
+    "tests/test_elastic.py::ElasticJobTest",
     "tests/test_allreduce_multiprocess.py::AllreduceMultiprocessTest",
     "tests/test_api.py::ApiTest::test_the_package_needs_no_study_dependency",
     "tests/test_bad_input.py::BadInputTest",

@@ -1,6 +1,6 @@
-"""Issue 18: the facades export what __all__ lists, refuse what they cannot honour with the
-reason, and take the torus options as one TorusOptions or by name. Issue 30: they have every
-public name of Horovod's modules, so Horovod's own test suites run on them."""
+"""Issue 18: the facades export what __all__ lists and take the torus options as one
+TorusOptions or by name. Issue 30: they have every public name of Horovod's modules (elastic
+included), so Horovod's own test suites run on them."""
 import inspect
 import subprocess
 import sys
@@ -10,7 +10,6 @@ import tensorflow as tf
 import tftorus
 import tftorus.keras
 from tftorus.reduction import TorusOptions
-from tftorus.unsupported import REFUSED
 
 
 def horovod_public_names(module):
@@ -38,14 +37,11 @@ class ApiTest(tf.test.TestCase):
         import horovod.tensorflow.keras as hvd_keras
         ours = {"init", "shutdown", "DistributedOptimizer", "DistributedGradientTape",
                 "PartialDistributedGradientTape", "load_model", "Compression",
-                "compression", "keras"}  # the last two: tftorus' submodules of those names
+                "compression", "keras", "elastic"}  # the last three: tftorus' submodules
         for module, horovods in ((tftorus, hvd_tf), (tftorus.keras, hvd_keras)):
             reached = {"_executing_eagerly"} & set(dir(horovods))  # by Horovod's test suite
             for name in horovod_public_names(horovods) | reached:
                 with self.subTest(module=module.__name__, name=name):
-                    if name in REFUSED:
-                        self.assertFalse(hasattr(module, name))
-                        continue
                     found = getattr(module, name)
                     if name in ours:
                         owner = found.__name__ if inspect.ismodule(found) else found.__module__
@@ -62,12 +58,25 @@ class ApiTest(tf.test.TestCase):
             self.assertTrue(module.DistributedOptimizer.__module__.startswith("tftorus"))
         self.assertIs(tftorus.keras.TorusOptions, tftorus.TorusOptions)
 
-    def test_elastic_is_refused_with_the_reason(self):
-        for module in (tftorus, tftorus.keras):
-            with self.assertRaisesRegex(tftorus.UnsupportedError,
-                                        r"elastic is not supported: .*process sets once"):
-                module.elastic  # noqa: B018
-            self.assertFalse(hasattr(module, "elastic"))
+    def test_elastic_is_horovods_api_with_a_torus_reset(self):
+        """hvd.elastic has Horovod's names on both facades; run() and the Keras states are
+        ours (the world re-forms the torus, the model's traced step is dropped), the rest
+        Horovod's (tests/test_elastic.py runs them on a real elastic job)."""
+        import horovod.tensorflow.elastic as hvd_elastic
+        import horovod.tensorflow.keras.elastic as hvd_keras_elastic
+        import tftorus.keras.elastic  # noqa: F401  importable as Horovod's is
+        for ours, horovods in ((tftorus.elastic, hvd_elastic),
+                               (tftorus.keras.elastic, hvd_keras_elastic)):
+            for name in horovods.__all__:
+                with self.subTest(module=ours.__name__, name=name):
+                    found = getattr(ours, name)
+                    if name in ("run", "TensorFlowKerasState", "KerasState"):
+                        self.assertTrue(found.__module__.startswith("tftorus"))
+                        if inspect.isclass(found):
+                            self.assertTrue(issubclass(found, hvd_elastic.TensorFlowKerasState))
+                    else:
+                        self.assertIs(found, getattr(horovods, name))
+        self.assertIs(tftorus.keras.elastic.run, tftorus.elastic.run)
         with self.assertRaisesRegex(AttributeError, "no attribute 'no_such_name'"):
             tftorus.no_such_name  # noqa: B018
 

@@ -7,7 +7,8 @@ What this module exports is listed in __all__: tftorus' own (init, the optimizer
 wrappers, Compression, the grid, TorusOptions), and every other public name of
 horovod.tensorflow unchanged (collectives, process sets, queries and their *_op graph ops, its
 submodules such as util and mpi_ops, its helpers), plus `_executing_eagerly`, which Horovod's
-own test suite calls on `hvd`. `elastic` is refused with the reason (tftorus.unsupported).
+own test suite calls on `hvd`. `elastic` is tftorus.elastic: Horovod's elastic API, with the
+torus re-formed on every reset.
 `tftorus.world` has rank(), size(), barrier() and broadcast_variables() that also work on the tf
 engine without a Horovod runtime (TF_CONFIG clusters).
 """
@@ -27,7 +28,7 @@ from horovod.tensorflow import (  # noqa: F401  Horovod's own, unchanged
     stop_timeline, sync_batch_norm, util, vars_to_refs)
 from horovod.tensorflow.util import _executing_eagerly  # noqa: F401  Horovod's tests call it
 
-from tftorus import world
+from tftorus import elastic, world
 from tftorus.compression import Compression  # adds bf16 to Horovod's choices
 from tftorus.context import init, shutdown
 from tftorus.grid import PAPER_GRIDS, GridError, TorusGrid, plan_grid, resolve_grid
@@ -35,7 +36,6 @@ from tftorus.optimizer import (DistributedGradientTape, PartialDistributedGradie
                                check_optimizer, over_the_torus, reduce_gradients,
                                torus_gradient_reduction)
 from tftorus.reduction import SUPPORTED_DTYPES, TorusOptions, fused_allreduce, gradient_reducer
-from tftorus.unsupported import UnsupportedError, refuse
 
 
 def DistributedOptimizer(optimizer, *args, **kwargs):
@@ -54,7 +54,7 @@ __all__ = [
     "PartialDistributedGradientTape", "Compression", "TorusOptions", "TorusGrid", "GridError",
     "PAPER_GRIDS", "plan_grid", "resolve_grid", "gradient_reducer", "reduce_gradients",
     "fused_allreduce",
-    "torus_gradient_reduction", "SUPPORTED_DTYPES", "UnsupportedError", "world",
+    "torus_gradient_reduction", "SUPPORTED_DTYPES", "world", "elastic",
     # Horovod's, unchanged
     "Average", "Sum", "Adasum", "Min", "Max", "Product", "ProcessSet", "global_process_set",
     "add_process_set", "remove_process_set", "allreduce", "grouped_allreduce", "allgather",
@@ -74,6 +74,3 @@ __all__ = [
     "gradient_aggregation_eager",
 ]
 
-
-def __getattr__(name):  # Horovod names tftorus cannot honour: a clear error, not Horovod's
-    return refuse(__name__, name)

@@ -4,6 +4,12 @@ Horovod fixes its process sets at `hvd.init()`, so `tftorus.init()` must know th
 Horovod starts. It reads the world size from the launcher's environment (horovodrun, OpenMPI,
 PMI); where none is set it starts Horovod with dynamic process sets and registers them after.
 
+Under Horovod's elastic driver (HOROVOD_ELASTIC=1) the world changes while the job runs:
+init() always starts Horovod with dynamic process sets there, and `reform()` (called by
+tftorus.elastic.run on every reset) restarts Horovod for the new world, plans its grid and adds
+that grid's sets. Each world has a generation number; a reduction traced for an earlier one
+refuses to run (`world_guard`) instead of reducing over groups that no longer exist.
+
 `init(engine="tf")` runs the same algorithms on TensorFlow's collective ops instead
 (tftorus/tf_collective_engine.py). It never starts Horovod: the cluster comes from TF_CONFIG or
 horovodrun's rendezvous (tftorus/tf_cluster.py), and it must be called before any other
@@ -11,12 +17,15 @@ TensorFlow call, because TF's runtime joins a cluster only when it starts.
 """
 import logging
 import os
-from typing import Iterable, List, Optional, Tuple
+from typing import Iterable, List, NamedTuple, Optional, Tuple
 
 import horovod.tensorflow as hvd
+import tensorflow as tf
 
 from tftorus.communicator import Communicator
-from tftorus.grid import GridError, GridSpec, TorusGrid, hierarchical_grid, resolve_grid
+from tftorus.grid import (GridError, GridSpec, TorusGrid, divisors, hierarchical_grid,
+                          resolve_grid)
+from tftorus.global_set_engine import GlobalSetCommunicator
 from tftorus.horovod_engine import HorovodCommunicator
 
 logger = logging.getLogger(__name__)
@@ -28,13 +37,23 @@ ENGINES = ("horovod", "tf")
 
 class _State:
     def __init__(self, comm: Communicator, grid: TorusGrid,
-                 horovod_comm: Optional[HorovodCommunicator] = None):
+                 horovod_comm: Optional[HorovodCommunicator] = None,
+                 asked: Optional["_Asked"] = None):
         self.comm = comm
         self.grid = grid  # the default torus grid
         self.horovod_comm = horovod_comm  # the tf engine's Horovod companion under horovodrun
+        self.asked = asked  # elastic jobs: what init() was asked for, to plan each new world
+
+
+class _Asked(NamedTuple):
+    grid: GridSpec
+    extra_grids: List[GridSpec]
+    reduce_scatter_impl: str
 
 
 _state: Optional[_State] = None
+_generation = 0  # worlds formed in this process: 0 before init(), +1 per init() and reform()
+_generation_variable: Optional[tf.Variable] = None  # the same number, for traced steps to check
 
 
 def _env_int(names) -> Optional[int]:
@@ -101,9 +120,17 @@ def init(grid: GridSpec = None, extra_grids: Iterable[GridSpec] = (),
         return _state  # a second init() is a no-op, as hvd.init() is
     if hvd.is_initialized():
         return _adopt_running_horovod(grid, extra_grids, reduce_scatter_impl)
+    user_sets = list(process_sets or [])
+    if is_elastic():
+        if user_sets:
+            raise ValueError(
+                "process_sets name ranks of one world, but under Horovod's elastic driver the "
+                "world changes size while the job runs; leave process_sets out (tftorus adds "
+                "the torus' own sets for every new world)")
+        hvd.init()  # the size comes from the elastic rendezvous
+        return _start_elastic(_Asked(grid, extra_grids, reduce_scatter_impl))
     size = _env_int(_SIZE_VARS)
     local_size = _env_int(_LOCAL_SIZE_VARS) or size
-    user_sets = list(process_sets or [])
     if size is None and os.environ.get("HOROVOD_RANK") is None and not user_sets:
         size = local_size = 1  # plain `python train.py`: one process, no launcher
     if size is None:
@@ -117,6 +144,7 @@ def init(grid: GridSpec = None, extra_grids: Iterable[GridSpec] = (),
         raise RuntimeError(f"the launcher's environment said {size} ranks but Horovod has "
                            f"{hvd.size()}: check HOROVOD_SIZE / OMPI_COMM_WORLD_SIZE")
     _state = _State(HorovodCommunicator(sets, reduce_scatter_impl), grids[0])
+    _new_generation()
     _log_grid()
     return _state
 
@@ -172,6 +200,7 @@ def _init_tf(grid, extra_grids, reduce_scatter_impl, collective_timeout, tf_host
         hvd.init(process_sets=sets)
         horovod_comm = HorovodCommunicator(sets, "alltoall")
     _state = _State(comm, grids[0], horovod_comm)
+    _new_generation()
     _log_grid()
     return _state
 
@@ -179,6 +208,8 @@ def _init_tf(grid, extra_grids, reduce_scatter_impl, collective_timeout, tf_host
 def _adopt_running_horovod(grid, extra_grids, reduce_scatter_impl):
     """Horovod already runs (the user called hvd.init()): add the sets if it allows that."""
     global _state
+    if is_elastic():
+        return _start_elastic(_Asked(grid, list(extra_grids), reduce_scatter_impl))
     size, local_size = hvd.size(), hvd.local_size()
     grids = _grids_for(size, local_size, grid, extra_grids)
     groups = _groups_of(grids)
@@ -192,8 +223,105 @@ def _adopt_running_horovod(grid, extra_grids, reduce_scatter_impl):
     for g in groups:  # collective: every rank adds the same sets in the same order
         sets.append(hvd.add_process_set(list(g)))
     _state = _State(HorovodCommunicator(sets, reduce_scatter_impl), grids[0])
+    _new_generation()
     _log_grid()
     return _state
+
+
+def _start_elastic(asked: "_Asked", before: Optional[_State] = None) -> _State:
+    """Horovod runs under its elastic driver: the world's grid, on the global set's all-to-all
+    (tftorus/global_set_engine.py says why no process set), planned from what init() was asked
+    for; where that does not fit this world's size the grid is planned, and the log says why."""
+    global _state
+    if asked.reduce_scatter_impl == "native":
+        raise ValueError("reduce_scatter_impl='native' needs process sets, which an elastic job "
+                         "cannot keep (tftorus/global_set_engine.py): leave it at 'alltoall'")
+    size = hvd.size()
+    # Every rank must plan the same grid: hosts with unequal slot counts (elastic discovery can
+    # give those) have no common node size, so plan as if each rank were its own node then.
+    local_size = hvd.local_size() if hvd.is_homogeneous() else 1
+    why = []
+    grid = asked.grid
+    try:
+        resolve_grid(grid, size, local_size)
+    except GridError as e:
+        if before is None:
+            raise  # the first world: the user's grid is wrong, not the driver's new size
+        why.append(f"the grid asked for does not fit ({e}), so one was planned")
+        grid = None
+    extra = []
+    for g in asked.extra_grids:
+        try:
+            resolve_grid(g, size, local_size)
+            extra.append(g)
+        except GridError:
+            why.append(f"extra grid {g!r} left out (it does not fit {size} ranks)")
+    grids = _grids_for(size, local_size, grid, extra)
+    _state = _State(GlobalSetCommunicator(), grids[0], asked=asked)
+    _new_generation()
+    g = grids[0]
+    if min(g.x, g.y) == 1 and size > 1 and len(divisors(size)) == 2:
+        why.append(f"{size} is prime, so the torus is one row of {size} (a ring)")
+    if _state.comm.rank == 0:
+        was = f", was {before.grid.size} ranks as {before.grid}" if before else ""
+        logger.info("tftorus: world %d (elastic): %d ranks as a %s torus (%d rows of %d), %d "
+                    "sequential steps per all-reduce%s%s", _generation, size, g, g.y, g.x,
+                    g.sequential_steps, was, "".join(f"; {w}" for w in why))
+    return _state
+
+
+def is_elastic() -> bool:
+    """Whether Horovod's elastic driver launched this process (horovodrun with --min-np,
+    --max-np or --host-discovery-script sets HOROVOD_ELASTIC=1 for its workers)."""
+    return os.environ.get("HOROVOD_ELASTIC", "0") not in ("", "0")
+
+
+def generation() -> int:
+    """How many worlds this process has formed: init() makes the first, each reform() one more."""
+    return _generation
+
+
+def _new_generation():
+    global _generation
+    _generation += 1
+    if _generation_variable is not None:
+        _generation_variable.assign(_generation)
+
+
+def world_guard(size: int, grid: TorusGrid):
+    """In a traced step for a world of `size` ranks on `grid`, an op that fails unless the world is still the one it was traced for
+    (elastic jobs only, else None). A step traced before a reset would otherwise run Horovod
+    collectives on process sets that no longer exist, or divide by the old world size."""
+    global _generation_variable
+    if not is_elastic():
+        return None
+    if _generation_variable is None:
+        with tf.init_scope():  # made eagerly, once, even when first asked for inside a trace
+            _generation_variable = tf.Variable(_generation, dtype=tf.int64, trainable=False,
+                                               name="tftorus_world_generation")
+    traced = _generation
+    return tf.debugging.assert_equal(
+        _generation_variable, tf.constant(traced, tf.int64),
+        message=f"tftorus: this step was traced for world {traced} ({size} ranks, "
+                f"a {grid} torus), but the world has re-formed since (elastic reset); a "
+                f"traced step cannot follow it. Create the tf.function inside the function "
+                f"given to hvd.elastic.run, so each world traces its own; Keras' fit retraces "
+                f"by itself with hvd.elastic.KerasState")
+
+
+def reform() -> _State:
+    """After Horovod's elastic driver changed the world (tftorus.elastic.run's reset): restart
+    Horovod on it and plan its grid (_start_elastic). Reductions traced before refuse to run."""
+    global _state
+    if _state is None or _state.asked is None:
+        raise RuntimeError("tftorus re-forms a world it started under Horovod's elastic driver "
+                           "(horovodrun with --min-np/--max-np or --host-discovery-script); "
+                           "call tftorus.init() there first")
+    before = _state
+    _state = None
+    hvd.shutdown()
+    hvd.init()
+    return _start_elastic(before.asked, before)
 
 
 def _log_grid():

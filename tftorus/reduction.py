@@ -248,15 +248,21 @@ def make_allreduce_grads_fn(name: str, compression, sparse_as_dense: bool, op,
         raise ValueError(
             "tftorus lays its grid over all ranks; for a sub-set of ranks use "
             "algorithm='ring' (Horovod's all-reduce on that process set) or hvd.DistributedOptimizer")
-    comm = context.communicator(options.engine)
-    torus_grid = context.grid_for(options.algorithm, options.grid, options.engine)  # grid errors
+    context.grid_for(options.algorithm, options.grid, options.engine)  # grid errors, now
     group = None if context.is_whole_world(process_set) else tuple(sorted(process_set.ranks))
-    set_size = len(group) if group else comm.size
+
+    def world():
+        """The communicator, grid and divisor of the world this trace runs in: read per trace,
+        so a step traced after an elastic reset reduces over the new world's groups."""
+        comm = context.communicator(options.engine)
+        torus_grid = context.grid_for(options.algorithm, options.grid, options.engine)
+        return comm, torus_grid, len(group) if group else comm.size
+
     # Average as Horovod splits it: divide by the predivide factor before the sum, the rest after.
     pre = 1.0 / gradient_predivide_factor if op == "average" else 1.0
-    post = gradient_predivide_factor / set_size if op == "average" else 1.0
 
-    def reduce_dense(dense):
+    def reduce_dense(dense, comm, torus_grid, set_size):
+        post = gradient_predivide_factor / set_size if op == "average" else 1.0
         if group and flat_on_subset:  # a sub-set: Horovod's ring on that set
             out = []
             for t in dense:
@@ -265,7 +271,7 @@ def make_allreduce_grads_fn(name: str, compression, sparse_as_dense: bool, op,
             return out
         return _reduce(options, dense, "sum", compression, pre, post, comm, torus_grid)
 
-    def reduce_sparse(grad: tf.IndexedSlices):
+    def reduce_sparse(grad: tf.IndexedSlices, comm, set_size):
         # As Horovod does: gather every rank's rows; duplicates are summed when applied.
         values = comm.all_gather(grad.values, group or comm.all_ranks())
         indices = comm.all_gather(grad.indices, group or comm.all_ranks())
@@ -275,16 +281,20 @@ def make_allreduce_grads_fn(name: str, compression, sparse_as_dense: bool, op,
 
     def allreduce_grads(grads, vars=None, use_generic_names=False):
         del use_generic_names  # op names are generated per trace, identically on every rank
-        with tf.name_scope(f"{name}_TorusAllreduce"):
+        comm, torus_grid, set_size = world()
+        guard = context.world_guard(comm.size, torus_grid)  # elastic: not in a later world
+        with tf.name_scope(f"{name}_TorusAllreduce"), tf.control_dependencies(
+                [guard] if guard is not None else []):
             if sparse_as_dense:
                 grads = [_densify(g, v) for g, v in zip(grads, vars or [None] * len(grads))]
             out = list(grads)
             sparse = [i for i, g in enumerate(grads) if isinstance(g, tf.IndexedSlices)]
             for i in sparse:
-                out[i] = reduce_sparse(grads[i])
+                out[i] = reduce_sparse(grads[i], comm, set_size)
             dense = [g if i not in sparse else None for i, g in enumerate(grads)]
             for part in _partition(dense, vars, groups):
-                for i, reduced in zip(part, reduce_dense([dense[i] for i in part])):
+                reduced_part = reduce_dense([dense[i] for i in part], comm, torus_grid, set_size)
+                for i, reduced in zip(part, reduced_part):
                     out[i] = reduced
             return out
 
@@ -292,11 +302,16 @@ def make_allreduce_grads_fn(name: str, compression, sparse_as_dense: bool, op,
     # Called inside a traced step, its ops go straight into the step's graph: as a nested
     # tf.function call the tf engine's collectives waited for every gradient (measured with
     # tests/workers/overlap.py; Horovod's ops overlapped either way).
-    eager_fn = tf.function(allreduce_grads)
+    # One graph per world (an elastic reset forms a new one; a graph keeps its old groups).
+    eager_fns = {}
 
     def reduce_in_place(grads, vars=None, use_generic_names=False):
-        fn = eager_fn if tf.executing_eagerly() else allreduce_grads
-        return fn(grads, vars, use_generic_names)
+        if not tf.executing_eagerly():
+            return allreduce_grads(grads, vars, use_generic_names)
+        if context.generation() not in eager_fns:
+            eager_fns.clear()
+            eager_fns[context.generation()] = tf.function(allreduce_grads)
+        return eager_fns[context.generation()](grads, vars, use_generic_names)
 
     return reduce_in_place
 

@@ -4,7 +4,8 @@ Horovod's Keras API (callbacks for broadcast, metric averaging and LR warm-up, r
 ...), with the optimizer, load_model and init reducing over the 2D torus; and BatchSizeControl,
 the paper's batch-size control (Horovod's backward_passes_per_step is fixed for the run).
 Everything exported is listed in __all__: every public name of horovod.tensorflow.keras
-(ours where it reduces, Horovod's otherwise); `elastic` is refused (see tftorus.unsupported).
+(ours where it reduces or re-forms the torus, Horovod's otherwise); `elastic` is
+tftorus.keras.elastic (Horovod's elastic Keras API, the torus re-formed on every reset).
 """
 from horovod.tensorflow.keras import (  # noqa: F401  Horovod's own, unchanged
     Average, ProcessSet, Sum, add_process_set, allgather, allreduce, broadcast,
@@ -15,16 +16,16 @@ from horovod.tensorflow.keras import (  # noqa: F401  Horovod's own, unchanged
     start_timeline, stop_timeline)
 
 from tftorus.batch_size_control import BatchSizeControl
+from tftorus.keras import elastic
 from tftorus.compression import Compression
 from tftorus.context import init, shutdown
 from tftorus.optimizer import DistributedOptimizer, load_model, reduce_gradients
 from tftorus.reduction import TorusOptions
-from tftorus.unsupported import refuse
 
 __all__ = [
     # tftorus' own
     "init", "shutdown", "DistributedOptimizer", "load_model", "reduce_gradients", "Compression",
-    "TorusOptions", "BatchSizeControl",
+    "TorusOptions", "BatchSizeControl", "elastic",
     # Horovod's, unchanged
     "Average", "Sum", "ProcessSet", "global_process_set", "add_process_set",
     "remove_process_set", "allgather", "allreduce", "broadcast", "broadcast_global_variables",
@@ -34,6 +35,3 @@ __all__ = [
     "ddl_built", "ccl_built", "cuda_built", "rocm_built", "is_version_greater_equal_than",
 ]
 
-
-def __getattr__(name):  # Horovod names tftorus cannot honour: a clear error, not Horovod's
-    return refuse(__name__, name)
