@@ -228,6 +228,17 @@ def report(path: str) -> str:
 # Launcher
 # ==================================================================================================
 
+def worker_argv(args, wire: str, meta) -> List[str]:
+    """The command of one rank: `--worker` with the launcher's settings, one wire, and `meta`
+    (hosts, ranks per host, link) for the CSV rows."""
+    return [sys.executable, "-m", "studies.emulated_step", "--worker", "--wires", wire,
+            "--variants", *args.variants, "--repeats", str(args.repeats),
+            "--steps", str(args.steps), "--warmup", str(args.warmup), "--batch", str(args.batch),
+            "--image-size", str(args.image_size), "--out", args.out,
+            *(["--fusion-mb", str(args.fusion_mb)] if args.fusion_mb is not None else []),
+            "--meta", *meta]
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.worker:
@@ -250,14 +261,7 @@ def main(argv=None) -> int:
                 title = f"{hosts}x{rph}" + (f" at {gbit:g} Gbit/s" if hosts > 1 else "")
                 title += f", {wire} wire"
                 print(f"emulated cluster {title}", flush=True)
-                argv_worker = [sys.executable, "-m", "studies.emulated_step", "--worker",
-                               "--wires", wire, "--variants", *args.variants,
-                               "--repeats", str(args.repeats), "--steps", str(args.steps),
-                               "--warmup", str(args.warmup), "--batch", str(args.batch),
-                               "--image-size", str(args.image_size), "--out", args.out,
-                               *(["--fusion-mb", str(args.fusion_mb)]
-                                 if args.fusion_mb is not None else []),
-                               "--meta", str(hosts), str(rph), f"{gbit:g}"]
+                argv_worker = worker_argv(args, wire, (str(hosts), str(rph), f"{gbit:g}"))
                 log = os.path.join(args.out, f"ranks_{hosts}x{rph}_{gbit:g}_{wire}.log")
                 with cluster.Cluster(hosts, gbit):
                     rc = cluster.launch(args, hosts, rph, argv_worker, log)

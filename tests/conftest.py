@@ -62,6 +62,7 @@ SLOW = {
 # processes, run_scripts/*.py end to end, or one `python -c`
 LAUNCHES = (
     "tests/test_elastic.py::ElasticJobTest",
+    "tests/test_elastic.py::GlobalSetCollectivesTest",
     "tests/test_allreduce_multiprocess.py::AllreduceMultiprocessTest",
     "tests/test_api.py::ApiTest::test_the_package_needs_no_study_dependency",
     "tests/test_bad_input.py::BadInputTest",

@@ -118,7 +118,7 @@ def shared(key, launch):
 # (tests/workers/suite.py), then trains every training-equivalence mode into the suite's
 # directory (tests/test_training_equivalence.py reads it); one intra-op thread per rank, which
 # the overlap check needs (tests/workers/overlap.py says why).
-FOUR_RANK_SUITE = ("allreduce_check", "gradient_semantics", "overlap")  # they report "N checks"
+FOUR_RANK_SUITE = ("allreduce_check", "global_set_check", "gradient_semantics", "overlap")  # they report "N checks"
 FOUR_RANK_ENV = {"TF_NUM_INTRAOP_THREADS": "1"}
 EQUIVALENCE_MODES = "fit,fit_legacy,tape,accumulate,mixed"
 

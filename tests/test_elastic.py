@@ -19,7 +19,7 @@ import tensorflow as tf
 
 from tests import harness
 from tftorus import context
-from tftorus.grid import TorusGrid
+from tftorus.grid import GridError, TorusGrid
 
 STEPS, KILL_AT, GROW_AFTER = 16, 4, 2
 
@@ -97,6 +97,61 @@ class ElasticJobTest(tf.test.TestCase):
         # a step more or less would not pass: the replay of one step fewer is far off
         fewer = float64_replay(initial, steps[:-1])
         self.assertGreater(max(np.abs(a - b).max() for a, b in zip(fewer, expected)), 1e-3)
+
+
+class GlobalSetCollectivesTest(tf.test.TestCase):
+    """The collectives an elastic job runs on (no process sets) sum as over process sets."""
+
+    def test_every_algorithm_and_grid_over_the_global_set_of_four_ranks(self):
+        # in the four-rank world other tests share (tests/harness.FOUR_RANK_SUITE)
+        failure = harness.suite_report(harness.four_rank_suite()[1], "global_set_check", 4,
+                                       harness.FOUR_RANK_SUITE)
+        self.assertFalse(failure, failure)
+
+
+class GridOfANewWorldTest(tf.test.TestCase):
+    """The grid each elastic world gets, and the log line that names it and says why."""
+
+    def new_world(self, size, asked_grid=None, extra=(), homogeneous=True, before=None,
+                  local_size=1):
+        class Comm:
+            rank = 0
+
+        asked = context._Asked(asked_grid, list(extra), "alltoall")
+        with mock.patch.object(context.hvd, "size", return_value=size), \
+                mock.patch.object(context.hvd, "local_size", return_value=local_size), \
+                mock.patch.object(context.hvd, "is_homogeneous", return_value=homogeneous), \
+                mock.patch.object(context, "GlobalSetCommunicator", Comm), \
+                mock.patch.object(context, "_state", None), \
+                self.assertLogs(context.logger, "INFO") as logs:
+            state = context._start_elastic(asked, before)
+        return state.grid, logs.output[-1]
+
+    def test_grids_and_reasons(self):
+        grid, line = self.new_world(4)
+        self.assertEqual(str(grid), "2x2")
+        self.assertRegex(line, r"world \d+ \(elastic\): 4 ranks as a 2x2 torus \(2 rows of 2\)")
+        before = context._State(None, grid)
+        grid, line = self.new_world(3, before=before)
+        self.assertEqual(str(grid), "1x3")
+        self.assertRegex(line, r"3 ranks as a 1x3 torus .*was 4 ranks as 2x2; 3 is prime, so "
+                               r"the torus is one row of 3 \(a ring\)$")
+        grid, line = self.new_world(6, asked_grid="2x2", extra=["4x1", "3x2"], before=before)
+        self.assertEqual(str(grid), "2x3")
+        self.assertRegex(line, r"the grid asked for does not fit \(.*\), so one was planned; "
+                               r"extra grid '4x1' left out \(it does not fit 6 ranks\)$")
+        grid, line = self.new_world(6, homogeneous=False, before=before, local_size=2)
+        self.assertEqual(str(grid), "2x3")  # not 1x6, the grid of whole hosts of 2
+        self.assertRegex(line, r"the hosts have unequal numbers of ranks, so rows are not "
+                               r"fitted to hosts")
+
+    def test_a_grid_that_does_not_fit_the_first_world_is_an_error(self):
+        with self.assertRaisesRegex(GridError, "2x2"):
+            self.new_world(6, asked_grid="2x2")
+
+    def test_native_reduce_scatter_is_refused_with_the_reason(self):
+        with self.assertRaisesRegex(ValueError, "'native' needs process sets"):
+            context._start_elastic(context._Asked(None, [], "native"))
 
 
 class WorldGuardTest(tf.test.TestCase):

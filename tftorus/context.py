@@ -4,11 +4,11 @@ Horovod fixes its process sets at `hvd.init()`, so `tftorus.init()` must know th
 Horovod starts. It reads the world size from the launcher's environment (horovodrun, OpenMPI,
 PMI); where none is set it starts Horovod with dynamic process sets and registers them after.
 
-Under Horovod's elastic driver (HOROVOD_ELASTIC=1) the world changes while the job runs:
-init() always starts Horovod with dynamic process sets there, and `reform()` (called by
-tftorus.elastic.run on every reset) restarts Horovod for the new world, plans its grid and adds
-that grid's sets. Each world has a generation number; a reduction traced for an earlier one
-refuses to run (`world_guard`) instead of reducing over groups that no longer exist.
+Under Horovod's elastic driver (HOROVOD_ELASTIC=1) the world changes while the job runs: there
+init() registers no process set (tftorus/global_set_engine.py says why), and `reform()` (called
+by tftorus.elastic.run on every reset) restarts Horovod on the new world and plans its grid.
+Each world has a generation number; a reduction traced for an earlier one refuses to run
+(`world_guard`) instead of reducing over groups that no longer exist.
 
 `init(engine="tf")` runs the same algorithms on TensorFlow's collective ops instead
 (tftorus/tf_collective_engine.py). It never starts Horovod: the cluster comes from TF_CONFIG or
@@ -240,7 +240,8 @@ def _start_elastic(asked: "_Asked", before: Optional[_State] = None) -> _State:
     # Every rank must plan the same grid: hosts with unequal slot counts (elastic discovery can
     # give those) have no common node size, so plan as if each rank were its own node then.
     local_size = hvd.local_size() if hvd.is_homogeneous() else 1
-    why = []
+    why = [] if hvd.is_homogeneous() else [
+        "the hosts have unequal numbers of ranks, so rows are not fitted to hosts"]
     grid = asked.grid
     try:
         resolve_grid(grid, size, local_size)
