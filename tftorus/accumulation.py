@@ -19,7 +19,7 @@ from typing import Callable, List, Optional, Sequence
 
 import tensorflow as tf
 
-from tftorus.optimizer import reducing_optimizer
+from tftorus.reduction import reducing_optimizer
 
 _ATTRIBUTE = "_tftorus_accumulation"  # a plain attribute: never saved with the optimizer
 

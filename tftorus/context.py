@@ -19,14 +19,13 @@ import logging
 import os
 from typing import Iterable, List, NamedTuple, Optional, Tuple
 
-import horovod.tensorflow as hvd
 import tensorflow as tf
 
+from tftorus import stack
 from tftorus.communicator import Communicator
 from tftorus.grid import (GridError, GridSpec, TorusGrid, divisors, hierarchical_grid,
                           resolve_grid)
-from tftorus.global_set_engine import GlobalSetCommunicator
-from tftorus.horovod_engine import HorovodCommunicator
+from tftorus.stack import hvd  # None on the current stack (no Horovod): the tf engine alone
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +36,7 @@ ENGINES = ("horovod", "tf")
 
 class _State:
     def __init__(self, comm: Communicator, grid: TorusGrid,
-                 horovod_comm: Optional[HorovodCommunicator] = None,
+                 horovod_comm: Optional[Communicator] = None,
                  asked: Optional["_Asked"] = None):
         self.comm = comm
         self.grid = grid  # the default torus grid
@@ -83,7 +82,7 @@ def _grids_for(size: int, local_size: int, grid: GridSpec, extra_grids) -> List[
 
 def init(grid: GridSpec = None, extra_grids: Iterable[GridSpec] = (),
          reduce_scatter_impl: Optional[str] = None, process_sets=None,
-         engine: str = "horovod", collective_timeout: Optional[float] = None,
+         engine: Optional[str] = None, collective_timeout: Optional[float] = None,
          tf_host: Optional[str] = None, tf_port: Optional[int] = None,
          with_horovod: bool = False):
     """Start Horovod with a process set per torus row and column, like `hvd.init()`.
@@ -93,7 +92,8 @@ def init(grid: GridSpec = None, extra_grids: Iterable[GridSpec] = (),
     process_sets: the caller's own Horovod process sets, registered too (Horovod engine).
     reduce_scatter_impl: 'alltoall' (default on CPUs) or 'native' (NCCL); see the engines.
     engine: 'horovod' (Horovod process sets) or 'tf' (TensorFlow's collective ops, no Horovod;
-      call init() first thing, before any other TensorFlow call).
+      call init() first thing, before any other TensorFlow call). None: 'horovod' where
+      Horovod is installed (the classic stack), else 'tf' (the current stack).
     collective_timeout, tf_host, tf_port: tf engine only; see tftorus.tf_cluster.bootstrap.
     with_horovod: tf engine under horovodrun only: start Horovod too, with the same grids'
       process sets, so engine='horovod' and Horovod's own functions work beside the tf engine
@@ -101,6 +101,7 @@ def init(grid: GridSpec = None, extra_grids: Iterable[GridSpec] = (),
     """
     global _state
     extra_grids = list(extra_grids)
+    engine = engine or stack.DEFAULT_ENGINE
     _check_engine_args(engine, process_sets, collective_timeout, tf_host, tf_port)
     if engine == "tf":
         return _init_tf(grid, extra_grids, reduce_scatter_impl, collective_timeout, tf_host,
@@ -108,6 +109,9 @@ def init(grid: GridSpec = None, extra_grids: Iterable[GridSpec] = (),
     if with_horovod:
         raise ValueError("with_horovod=True goes with engine='tf'; the Horovod engine always "
                          "runs Horovod")
+    if not stack.HOROVOD:
+        raise stack.horovod_required("engine='horovod'", "use engine='tf' (the default here)")
+    from tftorus.horovod_engine import HorovodCommunicator
     if _state is not None and _state.comm.engine != "horovod":
         raise RuntimeError(f"tftorus already runs on the {_state.comm.engine!r} engine; "
                            f"call init() once per process with one engine")
@@ -196,6 +200,9 @@ def _init_tf(grid, extra_grids, reduce_scatter_impl, collective_timeout, tf_host
         if cluster.source != "horovodrun":
             raise ValueError(f"with_horovod=True needs horovodrun; this cluster came from "
                              f"{cluster.source}")
+        if not stack.HOROVOD:
+            raise stack.horovod_required("with_horovod=True")
+        from tftorus.horovod_engine import HorovodCommunicator
         sets = [hvd.ProcessSet(list(g)) for g in _groups_of(grids)]
         hvd.init(process_sets=sets)
         horovod_comm = HorovodCommunicator(sets, "alltoall")
@@ -208,6 +215,7 @@ def _init_tf(grid, extra_grids, reduce_scatter_impl, collective_timeout, tf_host
 def _adopt_running_horovod(grid, extra_grids, reduce_scatter_impl):
     """Horovod already runs (the user called hvd.init()): add the sets if it allows that."""
     global _state
+    from tftorus.horovod_engine import HorovodCommunicator
     if is_elastic():
         return _start_elastic(_Asked(grid, list(extra_grids), reduce_scatter_impl))
     size, local_size = hvd.size(), hvd.local_size()
@@ -233,6 +241,7 @@ def _start_elastic(asked: "_Asked", before: Optional[_State] = None) -> _State:
     (tftorus/global_set_engine.py says why no process set), planned from what init() was asked
     for; where that does not fit this world's size the grid is planned, and the log says why."""
     global _state
+    from tftorus.global_set_engine import GlobalSetCommunicator
     if asked.reduce_scatter_impl == "native":
         raise ValueError("reduce_scatter_impl='native' needs process sets, which an elastic job "
                          "cannot keep (tftorus/global_set_engine.py): leave it at 'alltoall'")
@@ -341,7 +350,7 @@ def is_initialized() -> bool:
 def state() -> _State:
     """The running state; starts it if Horovod runs but tftorus.init() was not called."""
     if _state is None:
-        if not hvd.is_initialized():
+        if not horovod_running():
             raise RuntimeError("call tftorus.init() (in place of hvd.init()) before building "
                                "a tftorus optimizer or all-reduce")
         _adopt_running_horovod(None, [], "alltoall")
@@ -361,7 +370,7 @@ def communicator(engine: Optional[str] = None) -> Communicator:
     comm = state().comm
     if engine is None or engine == comm.engine:
         return comm
-    if engine == "horovod" and hvd.is_initialized():
+    if engine == "horovod" and horovod_running():
         # The tf engine under horovodrun starts Horovod too: its process sets are the same grids.
         if _state.horovod_comm is None:
             raise RuntimeError("Horovod runs without tftorus' process sets; call tftorus.init("
@@ -373,31 +382,18 @@ def communicator(engine: Optional[str] = None) -> Communicator:
         f"engine= to use the running one")
 
 
+def horovod_running() -> bool:
+    """Whether Horovod is installed and started in this process."""
+    return hvd is not None and hvd.is_initialized()
+
+
 def is_whole_world(process_set) -> bool:
-    """True for None, Horovod's global set, and the tf engine's stand-in for it."""
-    return (process_set is None or process_set is hvd.global_process_set
-            or isinstance(process_set, WorldProcessSet)
-            or process_set == hvd.global_process_set)
-
-
-class WorldProcessSet(hvd.ProcessSet):
-    """All ranks, answered by the tf engine: Horovod's optimizer and tape wrappers ask their
-    process set for size() and included(); without a Horovod runtime (TF_CONFIG clusters) this
-    answers from the TensorFlow cluster instead."""
-
-    def __init__(self, comm: Communicator):
-        super().__init__(list(range(comm.size)))
-        self.process_set_id = 0
-        self._comm = comm
-
-    def size(self):
-        return self._comm.size
-
-    def rank(self):
-        return self._comm.rank
-
-    def included(self):
+    """True for None, Horovod's global set, and the stand-ins for it on the tf engine
+    (tftorus.optimizer.WorldProcessSet, tftorus.keras3.optimizer's world)."""
+    if process_set is None or getattr(process_set, "whole_world", False):
         return True
+    return hvd is not None and (process_set is hvd.global_process_set
+                                or process_set == hvd.global_process_set)
 
 
 def default_grid() -> TorusGrid:
@@ -426,10 +422,11 @@ def shutdown():
     if _state is not None:
         # On the tf engine task 0 resolves every group: it must outlive the last collective.
         _state.comm.barrier()
-    if hvd.is_initialized():
+    if horovod_running():
         if _state is None or _state.comm.engine != "horovod":
             # Horovod beside the tf engine (or started alone): its own world waits too, so no
             # rank stops it, or leaves task 0's barrier, while a peer is still in either.
+            from tftorus.horovod_engine import HorovodCommunicator
             HorovodCommunicator().barrier()
         hvd.shutdown()
     _state = None

@@ -27,6 +27,12 @@ reset refuses to run after it (context.world_guard), instead of reducing over st
 """
 import functools
 
+from tftorus import stack
+
+if not stack.HOROVOD:  # the current stack: no elastic driver to re-form a world
+    from tftorus.without_horovod import missing
+    raise missing("tftorus", "elastic")
+
 import tensorflow as tf
 from horovod.common.elastic import ObjectState, State, run_fn  # noqa: F401  Horovod's own
 from horovod.common.exceptions import HorovodInternalError

@@ -17,7 +17,7 @@ import tensorflow as tf
 import horovod.tensorflow.keras as hvd_keras
 
 from tftorus import context, reduction
-from tftorus.reduction import TorusOptions
+from tftorus.reduction import TorusOptions, reduce_gradients, reducing_optimizer  # noqa: F401
 
 _SEAM_LOCK = threading.RLock()
 
@@ -63,11 +63,33 @@ def torus_gradient_reduction(options: TorusOptions):
             hvd_tf._make_allreduce_grads_fn = original
 
 
+class WorldProcessSet(hvd_tf.ProcessSet):
+    """All ranks, answered by the tf engine: Horovod's optimizer and tape wrappers ask their
+    process set for size() and included(); without a Horovod runtime (TF_CONFIG clusters) this
+    answers from the TensorFlow cluster instead."""
+
+    whole_world = True  # context.is_whole_world
+
+    def __init__(self, comm):
+        super().__init__(list(range(comm.size)))
+        self.process_set_id = 0
+        self._comm = comm
+
+    def size(self):
+        return self._comm.size
+
+    def rank(self):
+        return self._comm.rank
+
+    def included(self):
+        return True
+
+
 def _world_set_without_horovod(engine, kwargs):
     """On a TF_CONFIG cluster (tf engine, no Horovod runtime) Horovod's wrappers still ask their
     process set for size() and included(): hand them one that the tf engine answers."""
     if "process_set" not in kwargs and not hvd_tf.is_initialized():
-        kwargs["process_set"] = context.WorldProcessSet(context.communicator(engine))
+        kwargs["process_set"] = WorldProcessSet(context.communicator(engine))
     return kwargs
 
 
@@ -151,27 +173,3 @@ def load_model(filepath, *args, **kwargs):
     """`horovod.tensorflow.keras.load_model`: a saved model whose optimizer reduces over the
     torus (torus options as DistributedOptimizer's)."""
     return over_the_torus(hvd_keras.load_model, filepath, args, kwargs, takes_process_set=False)
-
-
-def reducing_optimizer(optimizer):
-    """The optimizer that reduces (ours, inside a LossScaleOptimizer if any), or the innermost
-    one when none does."""
-    inner = optimizer
-    while not hasattr(inner, "_allreduce_grads") and hasattr(inner, "inner_optimizer"):
-        inner = inner.inner_optimizer  # LossScaleOptimizer around ours
-    return inner
-
-
-def reduce_gradients(optimizer, grads, variables):
-    """Average `grads` over the workers with the reduction `optimizer` was built with (a tftorus
-    DistributedOptimizer, or a LossScaleOptimizer around one): for train steps that accumulate
-    micro-batches themselves and reduce once per update, with the optimizer's own algorithm,
-    grid, compression and fusion. Extra tensors may ride in the same fused all-reduce with None
-    as their variable (a loss, for one). A plain optimizer on one process: returned unchanged."""
-    inner = reducing_optimizer(optimizer)
-    if hasattr(inner, "_allreduce_grads"):  # set by Horovod's wrapper to tftorus' reduction
-        return list(inner._allreduce_grads(list(grads), list(variables)))
-    if context._state is not None and context._state.comm.size > 1:
-        raise TypeError(f"{type(optimizer).__name__} does not reduce gradients over the "
-                        f"workers: wrap it, tftorus.keras.DistributedOptimizer(optimizer)")
-    return list(grads)

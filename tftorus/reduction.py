@@ -17,11 +17,10 @@ import dataclasses
 import zlib
 from typing import List, Optional, Sequence
 
-import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
-from tftorus import algorithms, context, fusion
+from tftorus import algorithms, context, fusion, stack
 from tftorus.communicator import Communicator
 from tftorus.compression import Compression
 from tftorus.grid import GridSpec, TorusGrid
@@ -30,7 +29,7 @@ from tftorus.grid import GridSpec, TorusGrid
 #: toward zero, as Horovod's does.
 SUPPORTED_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int32, tf.int64)
 
-_OPS = {hvd.Average: "average", hvd.Sum: "sum"}
+_OPS = {stack.Average: "average", stack.Sum: "sum"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -316,7 +315,7 @@ def make_allreduce_grads_fn(name: str, compression, sparse_as_dense: bool, op,
     return reduce_in_place
 
 
-def gradient_reducer(op=hvd.Average, compression=Compression.none, *,
+def gradient_reducer(op=stack.Average, compression=Compression.none, *,
                      name: str = "GradientReducer", **torus):
     """`reduce(grads, vars=None) -> grads` averaged (or summed) over all workers on the torus.
 
@@ -330,3 +329,27 @@ def gradient_reducer(op=hvd.Average, compression=Compression.none, *,
     if torus:
         raise TypeError(f"gradient_reducer() got unexpected arguments {sorted(torus)}")
     return make_allreduce_grads_fn(name, compression, False, op, 1.0, None, None, options)
+
+
+def reducing_optimizer(optimizer):
+    """The optimizer that reduces (ours, inside a LossScaleOptimizer if any), or the innermost
+    one when none does."""
+    inner = optimizer
+    while not hasattr(inner, "_allreduce_grads") and hasattr(inner, "inner_optimizer"):
+        inner = inner.inner_optimizer  # LossScaleOptimizer around ours
+    return inner
+
+
+def reduce_gradients(optimizer, grads, variables):
+    """Average `grads` over the workers with the reduction `optimizer` was built with (a tftorus
+    DistributedOptimizer, or a LossScaleOptimizer around one): for train steps that accumulate
+    micro-batches themselves and reduce once per update, with the optimizer's own algorithm,
+    grid, compression and fusion. Extra tensors may ride in the same fused all-reduce with None
+    as their variable (a loss, for one). A plain optimizer on one process: returned unchanged."""
+    inner = reducing_optimizer(optimizer)
+    if hasattr(inner, "_allreduce_grads"):  # set by Horovod's wrapper to tftorus' reduction
+        return list(inner._allreduce_grads(list(grads), list(variables)))
+    if context._state is not None and context._state.comm.size > 1:
+        raise TypeError(f"{type(optimizer).__name__} does not reduce gradients over the "
+                        f"workers: wrap it, tftorus.keras.DistributedOptimizer(optimizer)")
+    return list(grads)

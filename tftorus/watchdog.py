@@ -345,7 +345,7 @@ def start(heartbeat_timeout: float, stall_timeout: float) -> Optional[Watchdog]:
     global _current, _rank
     import tensorflow as tf
     from tftorus import context, world
-    import horovod.tensorflow as hvd
+    from tftorus.stack import hvd
 
     if heartbeat_timeout <= 0 or stall_timeout <= 0:
         raise ValueError("the watchdog's heartbeat and stall timeouts must be > 0 seconds")
@@ -353,7 +353,8 @@ def start(heartbeat_timeout: float, stall_timeout: float) -> Optional[Watchdog]:
     _rank = rank
     if size == 1:
         return None
-    local_size = hvd.local_size() if hvd.is_initialized() else context.communicator().local_size
+    local_size = (hvd.local_size() if context.horovod_running()
+                  else context.communicator().local_size)
     sock = None
     mine = [0] * 5
     if rank == 0:
@@ -366,7 +367,7 @@ def start(heartbeat_timeout: float, stall_timeout: float) -> Optional[Watchdog]:
     got = [int(x) for x in got.numpy()]
     address = (".".join(str(x) for x in got[:4]), got[4])
     _current = Watchdog(rank, size, address, heartbeat_timeout, stall_timeout, sock=sock).start()
-    if hvd.is_initialized():
+    if context.horovod_running():
         install_terminate_hook()
     return _current
 

@@ -7,24 +7,23 @@ collectives. barrier() is the running communicator's (Communicator.barrier), whi
 """
 from typing import Sequence
 
-import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from tftorus import context, reduction
-from tftorus.horovod_engine import HorovodCommunicator
+from tftorus.stack import hvd  # None on the current stack
 
 
 def rank() -> int:
-    return hvd.rank() if hvd.is_initialized() else context.communicator().rank
+    return hvd.rank() if context.horovod_running() else context.communicator().rank
 
 
 def size() -> int:
-    return hvd.size() if hvd.is_initialized() else context.communicator().size
+    return hvd.size() if context.horovod_running() else context.communicator().size
 
 
 def allreduce_sum(tensor, name: str = "tftorus_sum") -> tf.Tensor:
     """Sum one tensor over all ranks, exactly for integers (metrics, BN statistics, barriers)."""
-    if hvd.is_initialized():
+    if context.horovod_running():
         return hvd.allreduce(tensor, op=hvd.Sum, name=name)
     if context.communicator().size == 1:
         return tf.convert_to_tensor(tensor)
@@ -33,9 +32,10 @@ def allreduce_sum(tensor, name: str = "tftorus_sum") -> tf.Tensor:
 
 def barrier() -> None:
     """Return when every rank has called it: the running communicator's barrier."""
-    if hvd.is_initialized() and not context.is_initialized():
+    if context.horovod_running() and not context.is_initialized():
         # Horovod alone (hvd.init(), no tftorus.init()): adopting it could need process sets it
         # lacks, but a world needs none, so a bare Horovod communicator answers.
+        from tftorus.horovod_engine import HorovodCommunicator
         HorovodCommunicator().barrier()
     else:
         context.communicator().barrier()  # raises "call tftorus.init()" when nothing runs
@@ -44,7 +44,7 @@ def barrier() -> None:
 def broadcast_variables(variables: Sequence[tf.Variable], root_rank: int = 0) -> None:
     """Give every rank root_rank's values (initial weights, restored state)."""
     variables = list(variables)
-    if hvd.is_initialized():
+    if context.horovod_running():
         hvd.broadcast_variables(variables, root_rank=root_rank)
         return
     comm = context.communicator()

@@ -3,35 +3,55 @@
 Horovod's Keras API (callbacks for broadcast, metric averaging and LR warm-up, rank(), size(),
 ...), with the optimizer, load_model and init reducing over the 2D torus; and BatchSizeControl,
 the paper's batch-size control (Horovod's backward_passes_per_step is fixed for the run).
-Everything exported is listed in __all__: every public name of horovod.tensorflow.keras
-(ours where it reduces or re-forms the torus, Horovod's otherwise); `elastic` is
-tftorus.keras.elastic (Horovod's elastic Keras API, the torus re-formed on every reset).
-"""
-from horovod.tensorflow.keras import (  # noqa: F401  Horovod's own, unchanged
-    Average, ProcessSet, Sum, add_process_set, allgather, allreduce, broadcast,
-    broadcast_global_variables, callbacks, ccl_built, cross_rank, cross_size, cuda_built,
-    ddl_built, global_process_set, gloo_built, gloo_enabled, is_initialized,
-    is_version_greater_equal_than, local_rank, local_size, mpi_built, mpi_enabled,
-    mpi_threads_supported, nccl_built, rank, reducescatter, remove_process_set, rocm_built, size,
-    start_timeline, stop_timeline)
+Everything exported is listed in __all__.
 
+Where Horovod is installed (the classic stack: Keras 2) every other public name of
+horovod.tensorflow.keras is Horovod's own, and `elastic` is tftorus.keras.elastic (Horovod's
+elastic Keras API, the torus re-formed on every reset). Where it is not (the current stack:
+Keras 3), the optimizer, load_model and callbacks are tftorus.keras3's, the queries and
+collectives tftorus.without_horovod's, and Horovod's other names raise one line naming the
+classic stack.
+"""
+from tftorus import stack
 from tftorus.batch_size_control import BatchSizeControl
-from tftorus.keras import elastic
 from tftorus.compression import Compression
 from tftorus.context import init, shutdown
-from tftorus.optimizer import DistributedOptimizer, load_model, reduce_gradients
-from tftorus.reduction import TorusOptions
+from tftorus.reduction import TorusOptions, reduce_gradients
 
-__all__ = [
-    # tftorus' own
-    "init", "shutdown", "DistributedOptimizer", "load_model", "reduce_gradients", "Compression",
-    "TorusOptions", "BatchSizeControl", "elastic",
-    # Horovod's, unchanged
-    "Average", "Sum", "ProcessSet", "global_process_set", "add_process_set",
-    "remove_process_set", "allgather", "allreduce", "broadcast", "broadcast_global_variables",
-    "reducescatter", "callbacks", "rank", "size", "local_rank", "local_size", "cross_rank",
-    "cross_size", "is_initialized", "start_timeline", "stop_timeline", "mpi_built",
-    "mpi_enabled", "mpi_threads_supported", "gloo_built", "gloo_enabled", "nccl_built",
-    "ddl_built", "ccl_built", "cuda_built", "rocm_built", "is_version_greater_equal_than",
-]
+_OWN = ["init", "shutdown", "DistributedOptimizer", "load_model", "reduce_gradients",
+        "Compression", "TorusOptions", "BatchSizeControl"]
+_QUERIES = ["Average", "Sum", "allgather", "allreduce", "broadcast", "callbacks", "rank", "size",
+            "local_rank", "local_size", "cross_rank", "cross_size", "is_initialized",
+            "mpi_built", "mpi_enabled", "mpi_threads_supported", "gloo_built", "gloo_enabled",
+            "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built"]
 
+if stack.HOROVOD:
+    from horovod.tensorflow.keras import (  # noqa: F401  Horovod's own, unchanged
+        Average, ProcessSet, Sum, add_process_set, allgather, allreduce, broadcast,
+        broadcast_global_variables, callbacks, ccl_built, cross_rank, cross_size, cuda_built,
+        ddl_built, global_process_set, gloo_built, gloo_enabled, is_initialized,
+        is_version_greater_equal_than, local_rank, local_size, mpi_built, mpi_enabled,
+        mpi_threads_supported, nccl_built, rank, reducescatter, remove_process_set, rocm_built,
+        size, start_timeline, stop_timeline)
+
+    from tftorus.keras import elastic
+    from tftorus.optimizer import DistributedOptimizer, load_model
+
+    __all__ = _OWN + _QUERIES + [
+        "elastic", "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
+        "broadcast_global_variables", "reducescatter", "start_timeline", "stop_timeline",
+        "is_version_greater_equal_than"]
+else:
+    from tftorus.keras3 import callbacks
+    from tftorus.keras3.optimizer import DistributedOptimizer, load_model
+    from tftorus.without_horovod import (  # Horovod's names, answered by the tf engine
+        Average, Sum, allgather, allreduce, broadcast, broadcast_object, broadcast_variables,
+        ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled,
+        is_initialized, local_rank, local_size, mpi_built, mpi_enabled, mpi_threads_supported,
+        nccl_built, rank, rocm_built, size)
+
+    __all__ = _OWN + _QUERIES + ["broadcast_object", "broadcast_variables"]
+
+    def __getattr__(name):  # Horovod's names without a meaning here: one line naming the stack
+        from tftorus.without_horovod import missing
+        raise missing("tftorus.keras", name)

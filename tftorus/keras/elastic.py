@@ -13,6 +13,12 @@ batches and epochs, and touch no collective.
             hvd.elastic.CommitStateCallback(state), hvd.elastic.UpdateBatchStateCallback(state),
             hvd.elastic.UpdateEpochStateCallback(state)])
 """
+from tftorus import stack
+
+if not stack.HOROVOD:  # the current stack: no elastic driver to re-form a world
+    from tftorus.without_horovod import missing
+    raise missing("tftorus.keras", "elastic")
+
 import tensorflow as tf
 from horovod.tensorflow.keras.elastic import (  # noqa: F401  Horovod's own, unchanged
     CommitStateCallback, UpdateBatchStateCallback, UpdateEpochStateCallback)
