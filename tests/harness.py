@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import NamedTuple, Sequence, Tuple
+from typing import Callable, NamedTuple, Sequence, Tuple
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKERS = os.path.join(ROOT, "tests", "workers")
@@ -193,19 +193,25 @@ def run_tf_config(argv: Sequence[str], np: int, timeout: float = 300.0, env=None
     """Run `python argv...` as `np` plain local processes, each with a TF_CONFIG naming all of
     them on loopback (rank = task index). returncode: 0 if every process exited 0, else the
     first non-zero one; returncodes has each. Output: each process' lines, in rank order."""
-    refuse_in_quick_tier()
     workers = [f"127.0.0.1:{p}" for p in free_ports(np)]
+    return run_ranks(argv, np, lambda i: {**(env or {}), "TF_CONFIG": json.dumps(
+        {"cluster": {"worker": workers}, "task": {"type": "worker", "index": i}})}, timeout)
+
+
+def run_ranks(argv: Sequence[str], np: int, env_of: Callable[[int], dict],
+              timeout: float = 300.0) -> Result:
+    """Run `python argv...` as `np` plain local processes, process i with the variables
+    `env_of(i)` (a launcher's: TF_CONFIG, Slurm's, Open MPI's). Result as run_tf_config's."""
+    refuse_in_quick_tier()
     start = time.monotonic()
     procs, logs = [], []
     try:
         for i in range(np):
-            tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": i}}
             log = tempfile.TemporaryFile(mode="w+")
             logs.append(log)
             procs.append(subprocess.Popen(
                 [sys.executable, *argv], stdout=log, stderr=subprocess.STDOUT, text=True,
-                cwd=ROOT, env={**_env(), **(env or {}), "TF_CONFIG": json.dumps(tf_config)},
-                start_new_session=True))
+                cwd=ROOT, env={**_env(), **env_of(i)}, start_new_session=True))
         deadline = start + timeout
         while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
             time.sleep(0.2)

@@ -18,7 +18,6 @@ from official_resnet.recipe_model import RecipeModel
 from official_resnet.run_state import epochs_per_keras_epoch
 from official_resnet.workers import Workers
 from tests import harness
-from tests.workers import user_fit_accumulation as user_fit
 
 
 def load(directory, rank):
@@ -44,40 +43,6 @@ class BatchSizeControlFitTest(tf.test.TestCase):
         for a, b, c in zip(reference, got, other):
             self.assertAllEqual(b, c)  # both workers hold the same weights
             self.assertLess(np.max(np.abs(a - b)) / np.max(np.abs(a)), 1e-5)
-
-
-class UsersOwnModelTest(tf.test.TestCase):
-    """Issue 28: BatchSizeControl in a user's own functional model with their own loss and metric,
-    on 3 workers, on each engine (tests/workers/user_fit_accumulation.py): the weights equal
-    float64 NumPy of the same updates, fit logs the user's metric, a saved model loads with
-    Keras alone, and a second fit starting inside a range keeps that range's count."""
-
-    def check(self, result, out):
-        self.assertEqual(result.returncode, 0, harness.describe(result))
-        reference = user_fit.reference(3)
-        for rank in range(3):
-            got = load(out, rank)
-            for i, (a, b) in enumerate(zip(reference, got)):
-                rel = np.max(np.abs(a - b)) / np.max(np.abs(a))
-                self.assertLess(rel, 1e-5, f"rank {rank}, variable {i}: {rel:.2e}")
-            with open(os.path.join(out, f"rank{rank}.json")) as f:
-                report = json.load(f)
-            # updates per epoch: 6 of 1 micro-batch, 3 and 3 of 2, 2 of 3
-            self.assertEqual([log["updates"] for log in report["logs"]], [6, 9, 12, 14])
-            self.assertEqual([sorted(log) for log in report["logs"]],
-                             [["epoch", "hit_rate", "loss", "updates"]] * 4)
-            self.assertEqual((report["reloaded"], report["reloaded_weights_equal"]),
-                             ("SGD", True))
-
-    def test_horovod_engine(self):
-        out = tempfile.mkdtemp(prefix="tftorus-user-fit-")
-        self.check(harness.run([harness.worker("user_fit_accumulation.py"), out], np=3,
-                               timeout=300), out)
-
-    def test_tf_engine(self):
-        out = tempfile.mkdtemp(prefix="tftorus-user-fit-tf-")
-        self.check(harness.run_tf_config([harness.worker("user_fit_accumulation.py"), out], np=3,
-                                         timeout=300, env={"TFTORUS_ENGINE": "tf"}), out)
 
 
 def small_model():

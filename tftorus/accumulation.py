@@ -20,6 +20,7 @@ from typing import Callable, List, Optional, Sequence
 import tensorflow as tf
 
 from tftorus.reduction import reducing_optimizer
+from tftorus.stack import variable_key
 
 _ATTRIBUTE = "_tftorus_accumulation"  # a plain attribute: never saved with the optimizer
 
@@ -109,7 +110,7 @@ class _Reduction:
         self.optimizer, self.accumulation, self._local = optimizer, accumulation, set()
 
     def register_local_var(self, var):
-        self._local.add(var.ref())
+        self._local.add(variable_key(var))
 
     def compute_gradients(self, grads, variables):
         # Sums for every variable (made with the variables' shapes before the step traces); a
@@ -122,14 +123,14 @@ class _Reduction:
 
         def reduce(means):
             out = list(means)
-            shared = [i for i in present if variables[i].ref() not in self._local]
+            shared = [i for i in present if variable_key(variables[i]) not in self._local]
             reduced = self.optimizer._allreduce_grads([means[i] for i in shared],
                                                       [variables[i] for i in shared])
             for i, g in zip(shared, reduced):
                 out[i] = g
             size = self.optimizer.process_set.size()
             for i in present:  # worker-local variables, scaled as Horovod's are
-                if variables[i].ref() in self._local and self.optimizer.scale_local_gradients:
+                if variable_key(variables[i]) in self._local and self.optimizer.scale_local_gradients:
                     out[i] = means[i] / size
             return out
 

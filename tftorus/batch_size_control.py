@@ -43,7 +43,7 @@ def accumulation_of(model: tf.keras.Model) -> micro_batches.Accumulation:
     enabled = _accumulation(model, create=False) is not None
     accumulation = micro_batches.enable_for(model)
     if not enabled and model.train_function is not None:
-        model.train_function = model.make_train_function(force=True)
+        model.make_train_function(force=True)  # sets model.train_function (Keras 2 and 3)
     return accumulation
 
 

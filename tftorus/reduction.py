@@ -214,10 +214,11 @@ def _partition(grads, vars, groups) -> List[List[int]]:
         if groups < 0:
             raise ValueError(f"groups must be >= 0 or a list of lists of variables, got {groups}")
         return [list(part) for part in np.array_split(present, groups) if len(part)]
-    by_name = {vars[i].name: i for i in present}
+    by_name = {stack.variable_name(vars[i]): i for i in present}
     parts = []
     for group in groups:
-        part = [by_name.pop(v.name) for v in group if v.name in by_name]
+        part = [by_name.pop(stack.variable_name(v)) for v in group
+                if stack.variable_name(v) in by_name]
         if part:
             parts.append(sorted(part))
     parts.extend([i] for i in sorted(by_name.values()))  # ungrouped: one group each

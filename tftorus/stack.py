@@ -33,6 +33,18 @@ if HOROVOD:
 else:
     Average, Sum, Adasum, Min, Max, Product = 0, 1, 2, 3, 4, 5
 
+def variable_key(variable):
+    """A hashable identity of a variable: tf.Variable.ref() on Keras 2; a Keras 3 variable has
+    no ref() (horovod#4290's error) and is hashed by identity."""
+    return variable.ref() if hasattr(variable, "ref") else id(variable)
+
+
+def variable_name(variable) -> str:
+    """A variable's unique name: Keras 3's `path` ('dense/kernel'; its `name` is 'kernel' in
+    every Dense layer), else tf.Variable's `name` ('dense/kernel:0')."""
+    return getattr(variable, "path", None) or variable.name
+
+
 CLASSIC_STACK = ("the classic stack (Python 3.11, TensorFlow 2.15.1, Keras 2, Horovod 0.28.1: "
                  "bash run_scripts/setup.sh)")
 

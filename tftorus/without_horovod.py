@@ -221,10 +221,10 @@ class _DistributedGradientTape:
 
     def register_local_source(self, source):
         """A source whose gradient stays on this worker (scaled by 1/size, as Horovod's)."""
-        self._local.add(source.ref() if hasattr(source, "ref") else id(source))
+        self._local.add(stack.variable_key(source))
 
     def _is_local(self, source) -> bool:
-        return (source.ref() if hasattr(source, "ref") else id(source)) in self._local
+        return stack.variable_key(source) in self._local
 
     def gradient(self, target, sources, output_gradients=None,
                  unconnected_gradients=tf.UnconnectedGradients.NONE):

@@ -1,15 +1,21 @@
-"""Worker: batch-size control in a user's own Keras model, loss and metrics (not RecipeModel).
+"""Worker: a user's own Keras model, loss and metrics over the torus, with batch-size control.
 
     horovodrun --gloo -np 3 -H localhost:3 python tests/workers/user_fit_accumulation.py OUT
-    (or 3 TF_CONFIG processes with TFTORUS_ENGINE=tf: the tf engine without Horovod)
+    (or 3 processes with TF_CONFIG, or started by `python -m tftorus.run -np 3`, srun or
+    mpirun: the tf engine, without Horovod; on the current stack (Keras 3) the only way)
 
-A functional two-layer model compiled with `tftorus.keras.DistributedOptimizer(SGD)`, Keras'
-sparse cross-entropy and a metric named `hit_rate`, trained by `model.fit` with
-BatchSizeControl(SCHEDULE): 1 micro-batch per update in epoch 0, 2 in epochs 1-2, 3 in epoch
-3, in two fits (epochs 0-1, then 2-3: the second starts inside the 2-micro-batch range). On the
-Horovod engine Horovod's own callbacks broadcast the weights and average the metrics. Each rank
-writes its weights and fit's logs; the test compares the weights with `reference`, float64
-NumPy of the same updates. This module's top level is NumPy only, for the test to import.
+A functional two-layer model compiled with `tftorus.keras.DistributedOptimizer(SGD(lr,
+momentum=0.9))`, Keras' sparse cross-entropy and a metric named `hit_rate`, trained by
+`model.fit` with `hvd.BatchSizeControl(SCHEDULE)`: 1 micro-batch per update in epochs 0-1, 2 in
+epoch 2, 4 in epoch 3, in two fits (epoch 0, then 1-3: the second starts inside the first
+range). Where Horovod's callbacks can run (Horovod's runtime, or Keras 3's own over the tf
+engine) `hvd.callbacks.BroadcastGlobalVariablesCallback(0)` and `MetricAverageCallback()` broadcast
+the weights and average the metrics. Each rank writes its weights and fit's logs; the test
+compares the weights with `reference`, float64 NumPy of the same updates.
+
+Before the fit, `order_check` shows where the gradients are reduced: after a LossScaleOptimizer's
+division and before clipping (see its docstring). This module's top level is NumPy only, for
+the test to import.
 """
 import json
 import os
@@ -17,8 +23,12 @@ import sys
 
 import numpy as np
 
-SCHEDULE = [(0, 1), (1, 2), (3, 3)]
-EPOCHS, STEPS, MICRO, FEATURES, HIDDEN, CLASSES = 4, 6, 4, 5, 7, 3
+SCHEDULE = [(0, 1), (2, 2), (3, 4)]
+EPOCHS, STEPS, MICRO, FEATURES, HIDDEN, CLASSES = 4, 8, 4, 5, 7, 3
+FIRST_FIT_EPOCHS = 1  # the second fit starts at epoch 1, inside the first range
+# order_check: a loss scale at which one rank's scaled gradient overflows FP16 (the wire), and
+# a clip norm that the mean gradient and one rank's exceed
+SCALE, CLIP_NORM = 2.0 ** 16, 1.0
 LR, MOMENTUM = 0.2, 0.9
 
 
@@ -68,15 +78,51 @@ def reference(workers: int):
     return weights
 
 
+def order_gradients(rank: int) -> np.ndarray:
+    """Rank r's gradient for order_check, all along one direction: norms 0.2, 0.4 and 3.0. The
+    mean's norm, 1.2, is clipped to CLIP_NORM; clipping each rank's first would give a mean of
+    norm 0.53. Rank 2's, scaled by SCALE, exceeds FP16's largest value (65504)."""
+    return np.full(4, [0.1, 0.2, 1.5][rank % 3], np.float64)
+
+
+def order_reference(workers: int) -> np.ndarray:
+    """w after one SGD(1.0, clipnorm=CLIP_NORM) step from 0 with the mean of the ranks'
+    gradients, clipped after the mean."""
+    mean = np.mean([order_gradients(r) for r in range(workers)], axis=0)
+    return -mean * min(1.0, CLIP_NORM / np.linalg.norm(mean))
+
+
+def loss_scale_optimizer(tf, optimizer):
+    """A fixed loss scale of SCALE around `optimizer`, in this Keras generation's spelling."""
+    if hasattr(tf.keras.optimizers, "LossScaleOptimizer"):  # Keras 3
+        return tf.keras.optimizers.LossScaleOptimizer(optimizer, initial_scale=SCALE)
+    return tf.keras.mixed_precision.LossScaleOptimizer(optimizer, dynamic=False,
+                                                       initial_scale=SCALE)
+
+
+def order_check(tf, hvd, rank):
+    """One apply_gradients of the scaled gradients through LossScaleOptimizer(ours, FP16 wire):
+    the result equals order_reference only if the reduction comes after the division (before
+    it, the FP16 wire overflows to inf) and before clipping (after it, each rank's gradient
+    would be clipped alone: none is, and the mean would not be either)."""
+    variable = tf.Variable(tf.zeros([4]), name="order_check")
+    optimizer = loss_scale_optimizer(tf, hvd.DistributedOptimizer(
+        tf.keras.optimizers.SGD(learning_rate=1.0, clipnorm=CLIP_NORM),
+        compression=hvd.Compression.fp16))
+    scaled = tf.constant(order_gradients(rank) * SCALE, tf.float32)
+    optimizer.apply_gradients([(scaled, variable)])
+    return [float(v) for v in variable.numpy()]
+
+
 def main(out_dir):
     import tensorflow as tf
     import tftorus
     import tftorus.keras as hvd  # the one-line change from horovod.tensorflow.keras
-    from official_resnet.callbacks import BatchSizeControl
 
-    engine = os.environ.get("TFTORUS_ENGINE", "horovod")
+    engine = os.environ.get("TFTORUS_ENGINE")  # None: the stack's default
     hvd.init(engine=engine)
     rank, size = tftorus.world.rank(), tftorus.world.size()
+    ordered = order_check(tf, hvd, rank)
     x, y = data(size)
     inputs = tf.keras.Input((FEATURES,))
     hidden = tf.keras.layers.Dense(HIDDEN, activation="tanh")(inputs)
@@ -91,17 +137,18 @@ def main(out_dir):
     record = tf.keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, l: logs.append(
         {"epoch": epoch, "updates": int(model.optimizer.iterations.numpy()),
          **{key: float(v) for key, v in l.items()}}))
-    if engine == "horovod":
+    if hvd.is_initialized():  # Horovod's runtime, or the current stack's own callbacks
         callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0),
                      hvd.callbacks.MetricAverageCallback()]
-    else:  # no Horovod runtime
+    else:  # the classic stack's tf engine: Horovod's callbacks need its runtime
         callbacks = []
-    callbacks += [BatchSizeControl(SCHEDULE), record]
+    averaged_metrics = bool(callbacks) and size > 1
+    callbacks += [hvd.BatchSizeControl(SCHEDULE), record]
     ds = tf.data.Dataset.from_tensor_slices(
         (x[:, rank].reshape(-1, FEATURES).astype(np.float32), y[:, rank].reshape(-1)))
     ds = ds.batch(MICRO).repeat()
-    model.fit(ds, epochs=2, steps_per_epoch=STEPS, callbacks=callbacks, verbose=0)
-    model.fit(ds, initial_epoch=2, epochs=EPOCHS, steps_per_epoch=STEPS, callbacks=callbacks,
+    model.fit(ds, epochs=FIRST_FIT_EPOCHS, steps_per_epoch=STEPS, callbacks=callbacks, verbose=0)
+    model.fit(ds, initial_epoch=FIRST_FIT_EPOCHS, epochs=EPOCHS, steps_per_epoch=STEPS, callbacks=callbacks,
               verbose=0)
     os.makedirs(out_dir, exist_ok=True)
     np.savez(os.path.join(out_dir, f"rank{rank}.npz"),
@@ -112,7 +159,8 @@ def main(out_dir):
     same = all(np.array_equal(a, b) for a, b in zip(reloaded.get_weights(), model.get_weights()))
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump({"logs": logs, "reloaded": type(reloaded.optimizer).__name__,
-                   "reloaded_weights_equal": same}, f)
+                   "reloaded_weights_equal": same, "order_check": ordered,
+                   "averaged_metrics": averaged_metrics}, f)
     tftorus.shutdown()
     print(f"rank {rank}/{size} done", flush=True)
 
