@@ -72,6 +72,8 @@ LAUNCHES = (
     "tests/test_user_fit.py::LaunchWithoutHorovodTest",
     "tests/test_emulated_cluster.py::EmulatedClusterTest",
     "tests/test_horovod_semantics.py::HorovodSemanticsTest",
+    "tests/test_launchers.py::LocalLauncherTest",
+    "tests/test_launchers.py::SchedulerEnvironmentTest",
     "tests/test_nonfinite.py::SkipOnEveryWorkerTest",
     "tests/test_overlap.py::OverlapTest",
     "tests/test_paper_scale.py::PlanModeTest",
