@@ -9,12 +9,13 @@ Two jobs SIGKILL a worker: the survivors must exit non-zero, in time, saying wha
 """
 import json
 import re
+import unittest
 
 import tensorflow as tf
 
 import tftorus
 from tests import harness
-from tftorus import context, tf_cluster
+from tftorus import context, stack, tf_cluster
 from tftorus.tf_collective_engine import explain, tf_member_order
 
 
@@ -26,9 +27,9 @@ class ArgumentErrorTest(tf.test.TestCase):
 
     def test_tf_options_need_the_tf_engine(self):
         with self.assertRaisesRegex(ValueError, "collective_timeout only apply to engine='tf'"):
-            tftorus.init(collective_timeout=10)
+            tftorus.init(engine="horovod", collective_timeout=10)
         with self.assertRaisesRegex(ValueError, "tf_host, tf_port only apply"):
-            tftorus.init(tf_host="10.0.0.1", tf_port=9000)
+            tftorus.init(engine="horovod", tf_host="10.0.0.1", tf_port=9000)
 
     def test_process_sets_are_horovods(self):
         with self.assertRaisesRegex(ValueError, "process_sets are Horovod's"):
@@ -116,6 +117,8 @@ class TFEngineJobsTest(tf.test.TestCase):
         _ok(self, result, 100)
         self.assertEqual(result.output.count("tf engine (TF_CONFIG)"), 2)
 
+    @unittest.skipUnless(stack.HOROVOD, "the current stack has no horovodrun: "
+                                        "test_four_ranks_tf_config runs the four ranks there")
     def test_four_ranks_horovodrun_rendezvous(self):
         # in the four-rank tf-engine world other tests share (tests/harness.four_rank_tf_suite)
         _, result = harness.four_rank_tf_suite()
@@ -125,6 +128,12 @@ class TFEngineJobsTest(tf.test.TestCase):
                                              r".*?(\d+) checks, 0 failed", result.output)]
         self.assertEqual(len(counts), 4, harness.describe(result))
         self.assertGreaterEqual(min(counts), 100, harness.describe(result))
+
+    @unittest.skipIf(stack.HOROVOD, "the classic stack runs the four ranks under horovodrun, "
+                                    "in a world other tests share (test_four_ranks_horovodrun_"
+                                    "rendezvous)")
+    def test_four_ranks_tf_config(self):
+        _ok(self, self.run_check(4, 300), 100)
 
     def test_six_ranks_tf_config(self):
         _ok(self, self.run_check(6, 300), 100)

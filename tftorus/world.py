@@ -53,6 +53,8 @@ def broadcast_variables(variables: Sequence[tf.Variable], root_rank: int = 0) ->
     if not 0 <= root_rank < comm.size:
         raise ValueError(f"root_rank {root_rank} is not a rank of a world of {comm.size}")
     # A sum where every rank but the root adds zeros is the root's value, bit for bit.
-    mine = [v.read_value() if comm.rank == root_rank else tf.zeros_like(v) for v in variables]
+    # tf.convert_to_tensor reads a tf.Variable and a Keras 3 variable alike (no read_value())
+    mine = [tf.convert_to_tensor(v) if comm.rank == root_rank else tf.zeros(v.shape, v.dtype)
+            for v in variables]
     for variable, value in zip(variables, reduction.fused_allreduce(mine, "sum")):
         variable.assign(value)
