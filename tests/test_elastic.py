@@ -18,7 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from tests import harness
-from tftorus import context
+from tftorus import context, global_set_engine
 from tftorus.grid import GridError, TorusGrid
 
 STEPS, KILL_AT, GROW_AFTER = 16, 4, 2
@@ -121,7 +121,7 @@ class GridOfANewWorldTest(tf.test.TestCase):
         with mock.patch.object(context.hvd, "size", return_value=size), \
                 mock.patch.object(context.hvd, "local_size", return_value=local_size), \
                 mock.patch.object(context.hvd, "is_homogeneous", return_value=homogeneous), \
-                mock.patch.object(context, "GlobalSetCommunicator", Comm), \
+                mock.patch.object(global_set_engine, "GlobalSetCommunicator", Comm), \
                 mock.patch.object(context, "_state", None), \
                 self.assertLogs(context.logger, "INFO") as logs:
             state = context._start_elastic(asked, before)

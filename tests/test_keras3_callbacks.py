@@ -7,17 +7,22 @@ after it, once, without changing a one-worker fit.
 
 The world is faked (tftorus.world's rank/size/allreduce_sum/broadcast_variables patched), since
 tftorus.init() must come before TensorFlow starts; the multi-process checks are in
-tests/test_training_equivalence.py.
+tests/test_user_fit.py (Broadcast and MetricAverage in a user's fit on 3 workers).
 """
 from unittest import mock
 
-import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from tftorus import world
-from tftorus.keras3 import callbacks as hvd_callbacks
+from tftorus import stack, world
+
+if not stack.KERAS_3:
+    pytest.skip("Keras 3 (the current stack); the classic stack's callbacks are Horovod's",
+                allow_module_level=True)
+
+import keras  # noqa: E402
+from tftorus.keras3 import callbacks as hvd_callbacks  # noqa: E402
 
 STEPS, BATCH = 4, 8
 
