@@ -174,6 +174,43 @@ def _affine_matrix(angle, shear_x, shear_y, size: int) -> tf.Tensor:
     return tf.reshape(m, [9])[:8]
 
 
+def affine_transform(image: tf.Tensor, matrix: tf.Tensor,
+                     use_addons: Optional[bool] = None) -> tf.Tensor:
+    """One [H, W, C] image through the 8-number transform `matrix` (as _affine_matrix gives it):
+    bilinear, reflected at the edges; same shape and dtype.
+
+    This is `tfa.image.transform(image, matrix, interpolation="bilinear",
+    fill_mode="reflect")`, and that is TensorFlow's own ImageProjectiveTransformV3 kernel. The
+    classic stack calls it through tensorflow-addons, which its package list pins; the current
+    stack has no tensorflow-addons (its last release, 0.23, is for TensorFlow < 2.16) and calls
+    the op with the arguments tfa passes: the image as a batch of one, the matrix as float32
+    [1, 8], output_shape the image's [H, W] (int32), fill_value 0.0 (float32; unused when
+    reflecting), mode names upper-case. tests/test_input_pipeline.py checks that the two give
+    the same pixels, bit for bit.
+
+    use_addons: None chooses by tftorus.stack (the one place that tells the stacks apart): a
+    classic stack without tensorflow-addons is a broken install and fails here, rather than
+    quietly taking another path; True / False force one path (the tests compare them).
+    """
+    if use_addons is None:
+        from tftorus import stack  # here: importing the package costs time
+        use_addons = not stack.KERAS_3
+    if use_addons:
+        with warnings.catch_warnings():  # its end-of-life notice would fill every rank's log
+            warnings.simplefilter("ignore", UserWarning)
+            import tensorflow_addons as tfa  # here: importing it costs time
+        return tfa.image.transform(image, matrix, interpolation="bilinear", fill_mode="reflect")
+    image = tf.convert_to_tensor(image, name="images")
+    image.shape.assert_has_rank(3)
+    output = tf.raw_ops.ImageProjectiveTransformV3(
+        images=image[None],
+        transforms=tf.convert_to_tensor(matrix, tf.float32, name="transforms")[None],
+        output_shape=tf.shape(image)[:2],
+        interpolation="BILINEAR", fill_mode="REFLECT",
+        fill_value=tf.constant(0.0, tf.float32))
+    return output[0]
+
+
 def preprocess_for_train(image_bytes: tf.Tensor, image_size: int, seed: tf.Tensor,
                          augment: AugmentConfig = AugmentConfig(),
                          crop_fraction: float = CROP_FRACTION) -> tf.Tensor:
@@ -200,16 +237,12 @@ def preprocess_for_train(image_bytes: tf.Tensor, image_size: int, seed: tf.Tenso
         image = tf.pad(image, [[pad, pad], [pad, pad], [0, 0]])
         image = tf.image.stateless_random_crop(image, [image_size, image_size, 3], seeds[1])
     if augment.max_rotation_degrees > 0 or augment.max_shear > 0:  # rotation and distortion
-        with warnings.catch_warnings():  # its end-of-life notice would fill every rank's log
-            warnings.simplefilter("ignore", UserWarning)
-            import tensorflow_addons as tfa  # here: importing it costs time
-
         max_angle = augment.max_rotation_degrees * 3.141592653589793 / 180.0
         angle = tf.random.stateless_uniform([], seeds[2], -max_angle, max_angle + 1e-12)
         shears = tf.random.stateless_uniform([2], seeds[3], -augment.max_shear,
                                              augment.max_shear + 1e-12)
         matrix = _affine_matrix(angle, shears[0], shears[1], image_size)
-        image = tfa.image.transform(image, matrix, interpolation="bilinear", fill_mode="reflect")
+        image = affine_transform(image, matrix)
     if augment.flip:
         image = tf.image.stateless_random_flip_left_right(image, seeds[4])
     if augment.brightness_delta > 0:

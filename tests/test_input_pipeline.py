@@ -5,6 +5,8 @@ import io
 import os
 import shutil
 import tempfile
+import unittest
+from unittest import mock
 
 import numpy as np
 import sklearn.datasets
@@ -13,6 +15,7 @@ from PIL import Image
 
 from official_resnet import embedded_data
 from official_resnet import input_pipeline as ip
+from tftorus import stack
 
 PHOTOS = sorted(glob.glob(os.path.join(os.path.dirname(sklearn.datasets.__file__),
                                        "images", "*.jpg")))
@@ -256,6 +259,105 @@ class InputPipelineTest(tf.test.TestCase):
         # Never overwrite record files it did not write.
         with self.assertRaisesRegex(embedded_data.EmbeddedDataError, "did not write"):
             embedded_data.generate(self.few, spec, processes=1)
+
+
+class AffineTransformTest(tf.test.TestCase):
+    """ip.affine_transform: the rotation and shear without tensorflow-addons (the current
+    stack's path, ImageProjectiveTransformV3 called directly) against tfa.image.transform."""
+
+    def images(self):
+        """Random and photo content, several dtypes, odd and non-square sizes, one channel."""
+        rng = np.random.RandomState(0)
+        photo = tf.io.decode_jpeg(open(PHOTOS[0], "rb").read(), channels=3)
+        photo = tf.cast(tf.image.resize(photo, [37, 29]), tf.uint8).numpy()
+        return {
+            "photo uint8 37x29": photo,
+            "photo float32 37x29": photo.astype(np.float32) / 255.0,
+            "uint8 33x33": rng.randint(0, 256, (33, 33, 3)).astype(np.uint8),
+            "float32 7x11": rng.uniform(-1, 2, (7, 11, 3)).astype(np.float32),
+            "float64 9x5x1": rng.normal(size=(9, 5, 1)),
+            "float16 15x15": rng.uniform(0, 1, (15, 15, 3)).astype(np.float16),
+            "int32 5x1x2": rng.randint(-1000, 1000, (5, 1, 2)).astype(np.int32),
+        }
+
+    @staticmethod
+    def matrices(size):
+        degrees = np.pi / 180
+        cases = [(0, 0, 0), (10 * degrees, 0, 0), (-10 * degrees, 0.1, -0.1),
+                 (3 * degrees, -0.07, 0.02), (45 * degrees, 0.3, 0.0), (90 * degrees, 0, 0),
+                 (180 * degrees, 0, 0.5), (1.0, -0.5, 0.25)]
+        out = [ip._affine_matrix(tf.constant(a, tf.float32), tf.constant(x, tf.float32),
+                                 tf.constant(y, tf.float32), size) for a, x, y in cases]
+        out.append(tf.constant([1.1, 0.2, -3.5, -0.1, 0.9, 2.25, 0.01, -0.02]))  # projective
+        return out
+
+    def assertSameBits(self, got, want, msg=None):
+        got, want = np.asarray(got), np.asarray(want)
+        self.assertEqual((got.dtype, got.shape), (want.dtype, want.shape), msg)
+        self.assertAllEqual(got, want, msg)
+        self.assertEqual(got.tobytes(), want.tobytes(), msg)  # also -0.0 against 0.0
+
+    # --- both stacks ---------------------------------------------------------------------------
+    def test_op_path_geometry(self):
+        image = np.random.RandomState(1).uniform(0, 1, (9, 13, 3)).astype(np.float32)
+        same = ip.affine_transform(image, ip._affine_matrix(0.0, 0.0, 0.0, 9), use_addons=False)
+        self.assertSameBits(same, image)
+        # output (x, y) reads input (x + 3, y - 2): beyond the edges, reflected about the last
+        # pixel (d c b a | a b c d | d c b a), numpy's 'symmetric'
+        shifted = ip.affine_transform(image, [1, 0, 3, 0, 1, -2, 0, 0], use_addons=False)
+        padded = np.pad(image, [(2, 0), (0, 3), (0, 0)], mode="symmetric")
+        self.assertAllEqual(shifted, padded[:9, 3:])
+        # half a turn about the centre of an odd-sized square: both axes reversed (up to
+        # float32's cos(pi) and sin(pi), which put the samples a hair off the pixels)
+        square = image[:9, :9]
+        turned = ip.affine_transform(square, ip._affine_matrix(np.pi, 0.0, 0.0, 9),
+                                     use_addons=False)
+        self.assertAllClose(turned, square[::-1, ::-1], atol=1e-5)
+        square = (square * 255).astype(np.uint8)
+        uint8 = ip.affine_transform(square, [1, 0, 3, 0, 1, -2, 0, 0], use_addons=False)
+        self.assertEqual((uint8.dtype, uint8.shape), (tf.uint8, (9, 9, 3)))
+        self.assertAllEqual(uint8, np.pad(square, [(2, 0), (0, 3), (0, 0)], "symmetric")[:9, 3:])
+        # the stack's own choice (tensorflow-addons on the classic stack, the op on the current
+        # one) gives the same pixels
+        matrix = ip._affine_matrix(0.1, 0.05, -0.08, 9)
+        self.assertSameBits(ip.affine_transform(image, matrix),
+                            ip.affine_transform(image, matrix, use_addons=False))
+
+    # --- tensorflow-addons against the op --------------------------------------------------------
+    @unittest.skipIf(stack.KERAS_3, "tensorflow-addons is not on the current stack (its last "
+                     "release, 0.23, supports TensorFlow < 2.16): the classic stack compares")
+    def test_same_pixels_as_tensorflow_addons(self):
+        for name, image in self.images().items():
+            for k, matrix in enumerate(self.matrices(image.shape[0])):
+                with self.subTest(image=name, matrix=k):
+                    want = ip.affine_transform(image, matrix, use_addons=True)
+                    got = ip.affine_transform(image, matrix, use_addons=False)
+                    self.assertSameBits(got, want)
+                    self.assertFalse(k and np.array_equal(got, image) and image.shape[1] > 1,
+                                     "the transform did nothing")
+
+    @unittest.skipIf(stack.KERAS_3, "tensorflow-addons is not on the current stack (its last "
+                     "release, 0.23, supports TensorFlow < 2.16): the classic stack compares")
+    def test_training_images_are_the_same_with_either_path(self):
+        # preprocess_for_train with its own seeded matrices, traced in a tf.data map as in
+        # make_dataset, once through tensorflow-addons and once through the op
+        photos = tf.constant([open(p, "rb").read() for p in PHOTOS])
+        configs = {"rotate": ip.AugmentConfig.from_names("rotate"),
+                   "strong rotate,distort": ip.AugmentConfig.from_names(
+                       "rotate,distort", max_rotation_degrees=30.0, max_shear=0.3),
+                   "all": ip.AugmentConfig()}
+
+        def train_images(config, use_addons):
+            transform = ip.affine_transform
+            with mock.patch.object(ip, "affine_transform",
+                                   lambda i, m: transform(i, m, use_addons=use_addons)):
+                ds = tf.data.Dataset.range(8).map(lambda i: ip.preprocess_for_train(
+                    photos[i % len(PHOTOS)], 29, tf.stack([i, 3]), config))
+            return np.stack(list(ds.as_numpy_iterator()))
+
+        for name, config in configs.items():
+            with self.subTest(config=name):
+                self.assertSameBits(train_images(config, False), train_images(config, True))
 
 
 if __name__ == "__main__":
