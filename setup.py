@@ -1,29 +1,43 @@
 """tftorus: 2D-torus all-reduce for TensorFlow/Horovod, and the paper's ResNet-50 recipe.
 
-Horovod is not a plain dependency: it must be compiled against the TensorFlow already installed,
-so `run_scripts/setup.sh` installs this package first and builds Horovod 0.28.1 after it.
+TensorFlow is not a plain dependency: `pip install -e .` into an environment that already has
+TensorFlow leaves it as it is and installs neither TensorFlow nor Horovod. The two stacks name
+theirs in extras, and `run_scripts/setup.sh` (TFTORUS_STACK=classic|current) installs them:
+
+  classic  `.[cpu]` / `.[gpu]`: TensorFlow 2.15.1 (Keras 2), tensorflow-addons, numpy<2; then
+           Horovod 0.28.1, which must be compiled against the TensorFlow already installed, so
+           setup.sh builds it after this package.
+  current  `.[current-cpu]` / `.[current-gpu]`: TensorFlow 2.21.0 (Keras 3), no Horovod.
 """
 from setuptools import find_packages, setup
 
-TF_VERSION = "2.15.1"
+TF_VERSION = "2.15.1"  # the classic stack
+CURRENT_TF_VERSION = "2.21.0"  # the current stack
+
+# what the classic stack adds to the TensorFlow it pins
+CLASSIC = [
+    "tensorflow-addons==0.23.0",
+    "numpy>=1.23,<2",
+    "cloudpickle",  # horovodrun needs it
+]
 
 setup(
     name="tftorus",
     version="0.1.0",
     description="2D-torus all-reduce (Mikami et al., 1811.05233) as a drop-in Horovod optimizer",
-    python_requires=">=3.9,<3.12",
+    python_requires=">=3.9,<3.14",
     packages=find_packages(include=["tftorus*", "official_resnet*", "flags*"]),
     install_requires=[
         "absl-py>=1.0",
-        "numpy>=1.23,<2",
-        "tensorflow-addons==0.23.0",
+        "numpy>=1.23",
         "pillow>=9",  # writes the embedded JPEG data set
-        "cloudpickle",  # horovodrun needs it
         "psutil",
     ],
     extras_require={
-        "cpu": [f"tensorflow-cpu=={TF_VERSION}"],
-        "gpu": [f"tensorflow[and-cuda]=={TF_VERSION}"],
+        "cpu": [f"tensorflow-cpu=={TF_VERSION}", *CLASSIC],
+        "gpu": [f"tensorflow[and-cuda]=={TF_VERSION}", *CLASSIC],
+        "current-cpu": [f"tensorflow-cpu=={CURRENT_TF_VERSION}"],
+        "current-gpu": [f"tensorflow[and-cuda]=={CURRENT_TF_VERSION}"],
         # sklearn ships real JPEG photos for input tests; scipy: the cost model's fit (studies)
         "test": ["pytest", "scikit-learn", "scipy", "matplotlib"],
     },

@@ -1,21 +1,34 @@
 #!/usr/bin/env bash
-# Set up tftorus on a fresh machine: a virtualenv, TensorFlow 2.15.1, then Horovod 0.28.1 built
-# from source against that TensorFlow. Idempotent: a second run only checks and returns.
+# Set up tftorus on a fresh machine, for one of two stacks. Idempotent: a second run only checks
+# and returns.
+#
+#   classic (the default): a virtualenv (.venv), TensorFlow 2.15.1 (Keras 2), then Horovod 0.28.1
+#           built from source against that TensorFlow
+#   current: a Python 3.12 virtualenv (.venv-current), TensorFlow 2.21.0 (Keras 3), no Horovod
 #
 #   bash run_scripts/setup.sh            # CPU (Gloo); GPU/NCCL/MPI picked up when present
+#   TFTORUS_STACK=current bash run_scripts/setup.sh
 #   TFTORUS_VENV=/path bash run_scripts/setup.sh
 #
 # Environment:
-#   TFTORUS_VENV      where the virtualenv lives (default: .venv in the checkout)
-#   TFTORUS_GPU=1     force the GPU stack (tensorflow[and-cuda], Horovod with NCCL)
+#   TFTORUS_STACK     classic (default) or current
+#   TFTORUS_VENV      where the stack's virtualenv lives (default: .venv, or .venv-current for
+#                     the current stack, in the checkout)
+#   TFTORUS_GPU=1     force the GPU stack (tensorflow[and-cuda]; classic: Horovod with NCCL)
 #   TFTORUS_GPU=0     force the CPU stack even where CUDA is visible
 set -euo pipefail
 export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"  # keep TensorFlow's start-up chatter out of the log
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-venv="${TFTORUS_VENV:-$repo/.venv}"
+stack="${TFTORUS_STACK:-classic}"
+case "$stack" in
+  classic) venv="${TFTORUS_VENV:-$repo/.venv}" ;;
+  current) venv="${TFTORUS_VENV:-$repo/.venv-current}" ;;
+  *) echo "[setup] TFTORUS_STACK is '$stack': it must be classic or current" >&2; exit 2 ;;
+esac
 py="$venv/bin/python"
 stamp="$venv/.tftorus-setup-ok"
+marker="$venv/.tftorus-stack"  # which stack the virtualenv holds
 
 log() { echo "[setup] $*"; }
 pip_quiet() {
@@ -23,6 +36,20 @@ pip_quiet() {
                                     -e "DEPRECATION: Legacy editable install" || true; }
   return "${PIPESTATUS[0]}"
 }
+
+# A virtualenv holds one stack: never install one stack over the other's. A virtualenv made
+# before there were two stacks has no marker; its Python tells (classic needs 3.11 or older).
+if [ -x "$py" ]; then
+  pyver="$("$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
+  have="$(cat "$marker" 2>/dev/null || true)"
+  if [ -z "$have" ]; then
+    if "$py" -c 'import sys; sys.exit(sys.version_info < (3, 12))'; then have=current; else have=classic; fi
+  fi
+  if [ "$have" != "$stack" ]; then
+    echo "[setup] $venv holds the $have stack (Python $pyver), not the $stack one: set TFTORUS_VENV to another directory, or delete it" >&2
+    exit 1
+  fi
+fi
 
 # GPU when asked, or when a GPU driver *and* NCCL are visible (nvcc alone is not a GPU).
 gpu="${TFTORUS_GPU:-auto}"
@@ -36,6 +63,74 @@ fi
 
 # Everything the checkout asks for, hashed, so an edit of setup.py re-runs the install.
 want="$(cat "$repo/setup.py" "$repo/run_scripts/setup.sh" | sha256sum | cut -c1-16)-gpu$gpu"
+
+if [ "$stack" = current ]; then
+  # The current stack: TensorFlow as setup.py's current-cpu / current-gpu extras pin it, then
+  # this package, which names no TensorFlow and so keeps that one; no Horovod.
+  tf_version="$(sed -n 's/^CURRENT_TF_VERSION = "\([^"]*\)".*/\1/p' "$repo/setup.py")"
+  if [ "$gpu" = 1 ]; then tf_req="tensorflow[and-cuda]==$tf_version"; tf_dist=tensorflow
+  else tf_req="tensorflow-cpu==$tf_version"; tf_dist=tensorflow-cpu; fi
+  want="$want-current"
+  installed() {  # the stamped install is still there (no TensorFlow import: this is the quick path)
+    "$py" - "$tf_dist" "$tf_version" <<'PY' 2>/dev/null
+import importlib.metadata as md, importlib.util, sys
+assert md.version(sys.argv[1]) == sys.argv[2] and md.version("tftorus")
+assert importlib.util.find_spec("horovod") is None
+PY
+  }
+  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && installed; then
+    log "already set up in $venv (delete $stamp to force a reinstall)"
+    exit 0
+  fi
+
+  if [ ! -x "$py" ]; then
+    # Python 3.12: python3.12 on PATH (a pyenv shim counts only if it runs), else pyenv's
+    python312=""
+    for cand in python3.12 \
+                "$(pyenv prefix 3.12 2>/dev/null | head -1)/bin/python3.12" \
+                $(ls -d "$(pyenv root 2>/dev/null || echo "${PYENV_ROOT:-$HOME/.pyenv}")"/versions/3.12.*/bin/python3.12 2>/dev/null | sort -rV); do
+      if python312="$("$cand" -c 'import sys; assert sys.version_info[:2] == (3, 12); print(sys.executable)' 2>/dev/null)"; then
+        break
+      fi
+      python312=""
+    done
+    if [ -z "$python312" ]; then
+      echo "[setup] the current stack needs Python 3.12 and none was found (no working python3.12 on PATH, none in pyenv): install it (e.g. 'pyenv install 3.12', or your system's python3.12 and python3.12-venv packages), then run this again" >&2
+      exit 1
+    fi
+    log "creating virtualenv $venv (Python 3.12: $python312)"
+    "$python312" -m venv "$venv"
+    echo current > "$marker"
+  fi
+  pip_quiet install --quiet --upgrade "pip<25" "setuptools<70" wheel packaging  # as classic's
+  log "installing $tf_req (the current stack: Keras 3, no Horovod)"
+  pip_quiet install --quiet "$tf_req"
+  log "installing tftorus[test] (it names no TensorFlow: the one above stays)"
+  pip_quiet install --quiet -e "$repo[test]"
+  # TensorFlow's start-up lines go to stderr, shown only when the check fails
+  if ! check="$("$py" - "$tf_version" 2>&1 <<'PY'
+import importlib.util, sys
+import keras
+import tensorflow as tf
+if tf.__version__ != sys.argv[1] or not keras.__version__.startswith("3."):
+    sys.exit(f"[setup] expected TensorFlow {sys.argv[1]} with Keras 3, found TensorFlow "
+             f"{tf.__version__} with Keras {keras.__version__}")
+if importlib.util.find_spec("horovod") is not None:
+    sys.exit("[setup] Horovod is installed in the current stack's virtualenv: it has none")
+print(f"[setup] Python {sys.version.split()[0]}, TensorFlow {tf.__version__}, "
+      f"Keras {keras.__version__}, no Horovod")
+PY
+  )"; then
+    echo "$check" >&2
+    exit 1
+  fi
+  grep "^\[setup\]" <<<"$check"
+  installed || { echo "[setup] the install did not take: see pip's messages above" >&2; exit 1; }
+  echo current > "$marker"
+  echo "$want" > "$stamp"
+  log "done: activate with 'source $venv/bin/activate'"
+  exit 0
+fi
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] \
    && "$venv/bin/horovodrun" --check-build >/dev/null 2>&1; then
   log "already set up in $venv (delete $stamp to force a reinstall)"
@@ -43,8 +138,13 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] \
 fi
 
 if [ ! -x "$py" ]; then
+  if ! python3 -c 'import sys; sys.exit(sys.version_info >= (3, 12))' 2>/dev/null; then
+    echo "[setup] the classic stack (TensorFlow 2.15.1) needs Python 3.9-3.11 as python3, found $(python3 -V 2>&1); on Python 3.12 use TFTORUS_STACK=current" >&2
+    exit 1
+  fi
   log "creating virtualenv $venv"
   python3 -m venv "$venv"
+  echo classic > "$marker"
 fi
 pip_quiet install --quiet --upgrade "pip<25" "setuptools<70" wheel packaging
 
@@ -99,5 +199,6 @@ for need in TensorFlow Gloo; do
   grep -q "\[X\] $need" <<<"$build_info" \
     || { echo "[setup] Horovod was built without $need support: see the build log above" >&2; exit 1; }
 done
+echo classic > "$marker"
 echo "$want" > "$stamp"
 log "done: activate with 'source $venv/bin/activate'"
