@@ -496,9 +496,25 @@ def make_dataset(data_dir: str, split: str, batch_size: int, *, image_size: int 
         ds = ds.skip(skip_batches * batch_size)  # indices (augmentation seeds) stay the same
     ds = ds.map(preprocess, num_parallel_calls=AUTOTUNE, deterministic=deterministic)
     ds = ds.batch(batch_size, drop_remainder=drop_remainder)
+    return ds.with_options(pipeline_options(deterministic)).prefetch(AUTOTUNE)
+
+
+def pipeline_options(deterministic: bool) -> tf.data.Options:
+    """make_dataset's tf.data options: no autotuning thread.
+
+    With autotuning on, every iterator runs a model thread that sleeps between optimizations,
+    its period doubling up to 60 s, and deleting the iterator joins that thread. In TF 2.15
+    the wake-up can be lost (CancellationManager marks itself cancelled only after running the
+    callback that wakes the thread, so the thread may see 'not cancelled' and sleep out the
+    period): a worker's model.fit then returns up to a minute after its last epoch, while its
+    peers wait for it (the idle minute at the end of a run; tests/test_train_script.py checks
+    the summary's tail_seconds). Without it, AUTOTUNE parallelism takes TF's untuned default
+    and prefetch(AUTOTUNE) sizes its buffer by itself: the same batches, and the same images/s
+    on the main job here."""
     options = tf.data.Options()
     options.deterministic = deterministic
-    return ds.with_options(options).prefetch(AUTOTUNE)
+    options.autotune.enabled = False
+    return options
 
 
 def _paths(data_dir, split, num_workers, worker_index) -> List[str]:

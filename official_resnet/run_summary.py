@@ -1,4 +1,7 @@
-"""The paper's Table 5 (accuracy, time) and Table 6 (throughput) lines for a finished run."""
+"""The paper's Table 5 (accuracy, time) and Table 6 (throughput) lines for a finished run, and
+its tail: the seconds from the end of the last epoch to the summary, which the trainer writes
+once every worker has left model.fit (a worker late out of fit shows here, not only in the
+job's end)."""
 import dataclasses
 import json
 import logging
@@ -22,6 +25,7 @@ class Summary:
     images_per_sec: float
     paper_top1: float
     paper_seconds: float
+    tail_seconds: float  # from the last epoch's end (its EpochLog) to this summary
 
 
 def run_summary(state: RunState, experiment, grid: str) -> Summary:
@@ -31,7 +35,8 @@ def run_summary(state: RunState, experiment, grid: str) -> Summary:
                    workers_per_phase=[p.workers for p in state.plans], grid=grid,
                    top1_1crop=final.top1, seconds=final.elapsed, epochs=final.epoch,
                    steps=int(state.steps.numpy()), images_per_sec=sum(rates) / len(rates),
-                   paper_top1=experiment.paper_top1, paper_seconds=experiment.paper_seconds)
+                   paper_top1=experiment.paper_top1, paper_seconds=experiment.paper_seconds,
+                   tail_seconds=state.elapsed() - final.elapsed)
 
 
 def log_summary(summary: Summary, state: RunState, experiment, path: Optional[str]) -> None:
@@ -47,6 +52,8 @@ def log_summary(summary: Summary, state: RunState, experiment, path: Optional[st
     logger.info("Table 6 style | workers %d | %.1f images/s (mean over epochs after the "
                 "first) | %.1f images/s per worker", summary.workers, summary.images_per_sec,
                 summary.images_per_sec / summary.workers)
+    logger.info("run end | %.1f s from the end of the last epoch to this summary (every worker "
+                "out of fit)", summary.tail_seconds)
     if path:
         with open(path, "w") as f:
             json.dump(dataclasses.asdict(summary), f, indent=2)

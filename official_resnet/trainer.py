@@ -439,6 +439,8 @@ def train(spec: RunSpec) -> None:
     if job.resume_from:
         restore(job, model, checkpoint)
     complete = fit(job, model, state, spec.schedule(), data, writer, saver)
+    # The summary once every worker is out of fit: its tail_seconds covers the slowest one.
+    workers.barrier()
 
     if workers.chief:
         log_end(job, state, complete)

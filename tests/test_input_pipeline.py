@@ -94,6 +94,14 @@ class InputPipelineTest(tf.test.TestCase):
         train_images, _ = next(iter(ip.make_dataset(self.many, "train", 4, image_size=SIZE)))
         self.assertEqual(train_images.shape, (4, SIZE, SIZE, 3))
 
+    def test_no_autotuning_thread(self):
+        # TF 2.15's autotuning thread can sleep through its iterator's deletion, up to a
+        # minute at the end of model.fit (ip.pipeline_options says how)
+        for split in ("train", "validation"):
+            ds = ip.make_dataset(self.many, split, 4, image_size=SIZE, deterministic=True)
+            self.assertFalse(ds.options().autotune.enabled, split)
+            self.assertTrue(ds.options().deterministic, split)
+
     def test_eval_is_the_centre_crop_of_the_shorter_side(self):
         photo = self.photos[0]
         full = tf.io.decode_jpeg(photo, channels=3).numpy()

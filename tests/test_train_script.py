@@ -59,6 +59,12 @@ class TrainScriptTest(harness.EmbeddedDataCase, tf.test.TestCase):
         self.assertIn("Table 6 style | workers 2", result.output)
         for name in ("config.json", "summary.json", "tensorboard", "checkpoints"):
             self.assertTrue(os.path.exists(os.path.join(model_dir, name)), name)
+        # Every worker out of fit within seconds of the last epoch: the summary waits for all
+        # of them, and a tf.data autotuning thread once kept one there up to a minute
+        with open(os.path.join(model_dir, "summary.json")) as f:
+            tail = json.load(f)["tail_seconds"]
+        self.assertLess(tail, 5.0, harness.describe(result))
+        self.assertIn(f"run end | {tail:.1f} s from the end of the last epoch", result.output)
 
     def test_experiments_ref_1_and_4_end_to_end_with_tensorboard(self):
         # One process each, few steps: every phase of each experiment runs through model.fit,
