@@ -177,6 +177,66 @@ def launch(args, hosts: int, rph: int, bench_argv: List[str], log_path: str,
     server = RendezvousServer()
     port = server.start()
     server.init(slots)
+    commands = []
+    for slot in slots:
+        k = int(slot.hostname.rsplit(".", 1)[1]) - 1
+        rail = slot.local_rank % links
+        env = {
+            "HOROVOD_GLOO_RENDEZVOUS_ADDR": BRIDGE_IP, "HOROVOD_GLOO_RENDEZVOUS_PORT": port,
+            "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo",
+            "HOROVOD_GLOO_IFACE": f"eth{rail}", "HOROVOD_HOSTNAME": slot.hostname,
+            "HOROVOD_RANK": slot.rank, "HOROVOD_SIZE": slot.size,
+            "HOROVOD_LOCAL_RANK": slot.local_rank, "HOROVOD_LOCAL_SIZE": slot.local_size,
+            "HOROVOD_CROSS_RANK": slot.cross_rank, "HOROVOD_CROSS_SIZE": slot.cross_size,
+            **RANK_ENV, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        }
+        # Horovod 0.28.1 builds the Gloo contexts of process sets from the machine's host
+        # name, not HOROVOD_GLOO_IFACE (its debug log shows them on 127.0.0.1, which the
+        # other hosts cannot reach): each rank gets a UTS namespace named by its host's
+        # address, as a real host's name would resolve to it: its rail's, so that its
+        # process sets talk over its own link (HOROVOD_HOSTNAME stays the host's: Horovod
+        # groups the ranks of a host by it).
+        commands.append(["ip", "netns", "exec", f"{PREFIX}{k}", "unshare", "--uts", "sh", "-c",
+                         'hostname "$0" && exec "$@"', host_ip(k, rail), "env",
+                         *[f"{key}={value}" for key, value in env.items()], *bench_argv])
+    try:
+        return run_ranks(commands, log_path, args.timeout)
+    finally:
+        server.stop()
+
+
+RANK_ENV = {"PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
+TF_PORT = 23456  # the TF_CONFIG launch's base port: rank l of a host listens on TF_PORT + l
+
+
+def tf_config_workers(hosts: int, rph: int, port: int = TF_PORT) -> List[str]:
+    """Every rank's "host:port" for a TF_CONFIG, ranks host by host (rank = k * rph + l, as
+    horovodrun's slots): host k's address on rail 0, port + local rank l."""
+    return [f"{host_ip(k)}:{port + l}" for k in range(hosts) for l in range(rph)]
+
+
+def launch_tf_config(args, hosts: int, rph: int, argv: List[str], log_path: str,
+                     port: int = TF_PORT) -> int:
+    """Start every rank in its host's namespace with a TF_CONFIG naming all ranks at their
+    hosts' addresses (tf_config_workers), as a Kubernetes TFJob or a user's own script gives
+    it: no horovodrun, nothing else to rendezvous. Both tf.distribute's strategies and
+    tftorus' tf engine start their TF server from it. Echo rank 0."""
+    import json
+    workers = tf_config_workers(hosts, rph, port)
+    commands = []
+    for rank in range(hosts * rph):
+        config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": rank}}
+        env = {"TF_CONFIG": json.dumps(config, separators=(",", ":")), **RANK_ENV,
+               "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        commands.append(["ip", "netns", "exec", f"{PREFIX}{rank // rph}", "env",
+                         *[f"{key}={value}" for key, value in env.items()], *argv])
+    return run_ranks(commands, log_path, args.timeout)
+
+
+def run_ranks(commands: List[List[str]], log_path: str, timeout: float) -> int:
+    """Run one command per rank (rank = index), every line into log_path prefixed `[rank] `,
+    rank 0's echoed; when one rank fails or `timeout` seconds pass, kill the others. 0 if
+    every rank exited 0, else 1 with the log's last lines on stderr."""
     procs, threads = [], []
     lock = threading.Lock()
     with open(log_path, "w") as log:
@@ -187,39 +247,20 @@ def launch(args, hosts: int, rph: int, bench_argv: List[str], log_path: str,
                     if rank == 0:
                         print(line, end="", flush=True)
 
-        for slot in slots:
-            k = int(slot.hostname.rsplit(".", 1)[1]) - 1
-            rail = slot.local_rank % links
-            env = {
-                "HOROVOD_GLOO_RENDEZVOUS_ADDR": BRIDGE_IP, "HOROVOD_GLOO_RENDEZVOUS_PORT": port,
-                "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo",
-                "HOROVOD_GLOO_IFACE": f"eth{rail}", "HOROVOD_HOSTNAME": slot.hostname,
-                "HOROVOD_RANK": slot.rank, "HOROVOD_SIZE": slot.size,
-                "HOROVOD_LOCAL_RANK": slot.local_rank, "HOROVOD_LOCAL_SIZE": slot.local_size,
-                "HOROVOD_CROSS_RANK": slot.cross_rank, "HOROVOD_CROSS_SIZE": slot.cross_size,
-                "PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": "",
-                "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
-            }
-            # Horovod 0.28.1 builds the Gloo contexts of process sets from the machine's host
-            # name, not HOROVOD_GLOO_IFACE (its debug log shows them on 127.0.0.1, which the
-            # other hosts cannot reach): each rank gets a UTS namespace named by its host's
-            # address, as a real host's name would resolve to it: its rail's, so that its
-            # process sets talk over its own link (HOROVOD_HOSTNAME stays the host's: Horovod
-            # groups the ranks of a host by it).
-            cmd = ["ip", "netns", "exec", f"{PREFIX}{k}", "unshare", "--uts", "sh", "-c",
-                   'hostname "$0" && exec "$@"', host_ip(k, rail), "env",
-                   *[f"{key}={value}" for key, value in env.items()], *bench_argv]
+        for rank, cmd in enumerate(commands):
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                     text=True, cwd=REPO, start_new_session=True)
             procs.append(proc)
-            thread = threading.Thread(target=pump, args=(slot.rank, proc.stdout), daemon=True)
+            thread = threading.Thread(target=pump, args=(rank, proc.stdout), daemon=True)
             thread.start()
             threads.append(thread)
-        deadline = time.monotonic() + args.timeout
-        failed = None
+        deadline = time.monotonic() + timeout
+        timed_out = False
         while any(p.poll() is None for p in procs):
-            failed = next((i for i, p in enumerate(procs) if p.poll()), None)
-            if failed is not None or time.monotonic() > deadline:
+            if any(p.poll() for p in procs):
+                break
+            if time.monotonic() > deadline:
+                timed_out = True
                 break
             time.sleep(0.5)
         for p in procs:  # one rank failed or the time is up: the others would hang
@@ -227,10 +268,9 @@ def launch(args, hosts: int, rph: int, bench_argv: List[str], log_path: str,
                 os.killpg(p.pid, signal.SIGKILL)
         for t in threads:
             t.join(timeout=5)
-    server.stop()
     codes = [p.wait() for p in procs]
     if any(codes):
-        print(f"ranks exited with {codes}" + (" (timed out)" if failed is None else "")
+        print(f"ranks exited with {codes}" + (" (timed out)" if timed_out else "")
               + f"; last lines of {log_path}:", file=sys.stderr)
         with open(log_path) as f:
             print("".join(f.readlines()[-30:]), file=sys.stderr)

@@ -1,8 +1,13 @@
-"""Training steps across emulated hosts: Horovod's own DistributedOptimizer against tftorus'.
+"""Training steps across emulated hosts: tftorus' DistributedOptimizer beside its peer.
+
+The peer: Horovod's own DistributedOptimizer on the classic stack, MultiWorkerMirroredStrategy
+on the current one.
 
     sudo .venv/bin/python -m studies.emulated_step                  # 1x4, 2x2, 2x4 at 0.25 Gbit/s
     sudo .venv/bin/python -m studies.emulated_step --clusters 2x2 --link-gbit 0.25 1 \\
         --wires fp16 fp32 --repeats 3
+    sudo .venv-current/bin/python -m studies.emulated_step --clusters 2x2 1x4 \\
+        --wires fp32 fp16 --variants mwms default --repeats 3     # the current stack
 
 What a user measures: `model.fit` steps of Keras' ResNet-50 (32 x 32 images, 10 classes, SGD
 with momentum, --batch images per rank, synthetic data made in each process) on the emulated
@@ -24,6 +29,26 @@ step. The table gives medians over repeats and, per repeat then their median, th
 to hvd's and to max(compute, all-reduce), and how much of the smaller of the two the step hides:
 (compute + all-reduce - step) / min(compute, all-reduce). Needs root; exits 77 where namespaces
 cannot be made. The CSV (default /tmp/tftorus_step/steps.csv) is not for the repository.
+
+On the current stack (TensorFlow >= 2.16, Keras 3, no Horovod; tftorus/stack.py tells) the peer
+is tf.distribute.MultiWorkerMirroredStrategy, and no rank is started by horovodrun: each gets a
+TF_CONFIG naming every rank at its host's address (emulated_cluster.launch_tf_config).
+
+  mwms      the model built and compiled in MultiWorkerMirroredStrategy's scope, plain SGD with
+            momentum, model.fit; its all-reduces on TF's ring (CommunicationOptions(
+            implementation=RING), the CPU's collectives over gRPC), always FP32 (MWMS has no
+            wire compression). Keras 3.15's fit cannot run under MWMS as shipped
+            (keras-team/keras#20585): two calls of strategy.reduce fail, so this variant
+            makes them work (see `mwms_keras3_shims`); `mwms-as-shipped` runs without that and
+            shows the error.
+  default, torus, ring, hierarchical, compute   as above, on tftorus' tf engine.
+
+MWMS and the tf engine each start a TF server from TF_CONFIG, so they cannot share a process:
+each repeat is one launch of the tftorus variants (every wire, rotated order) and one of MWMS'
+(in turn first and second), each with its own model and data, same shapes and batch per rank.
+MWMS' all-reduce alone is its replica context's all_reduce(SUM) of the gradient-shaped tensors
+(what Keras 3's optimizer calls under a strategy); its rows carry wire fp32, and stand beside
+every wire's table as the peer. The ratio column is step / peer (hvd or mwms).
 """
 import argparse
 import csv
@@ -37,7 +62,9 @@ from typing import Dict, List
 from studies import emulated_cluster as cluster
 
 DEFAULT_OUT = os.path.join(tempfile.gettempdir(), "tftorus_step")
-VARIANTS = ("hvd", "default", "torus", "ring", "hierarchical")
+VARIANTS = ("hvd", "default", "torus", "ring", "hierarchical")  # the classic stack's
+MWMS_VARIANTS = ("mwms", "mwms-as-shipped")  # the current stack's peers, in their own launches
+CURRENT_VARIANTS = MWMS_VARIANTS + VARIANTS[1:]
 FIELDS = ("hosts", "ranks_per_host", "link_gbit", "wire", "repeat", "variant", "step_s",
           "allreduce_s")
 
@@ -54,12 +81,30 @@ def topology(text: str):
     return hosts, rph
 
 
-def parse_args(argv=None):
+# ==================================================================================================
+# The stacks: the one place this study asks which one it runs on (tftorus/stack.py answers)
+# ==================================================================================================
+
+def horovod_here() -> bool:
+    """True on the classic stack (Horovod, Keras 2), False on the current one (Keras 3)."""
+    from tftorus import stack
+    return stack.HOROVOD
+
+
+def peer_of(horovod: bool) -> str:
+    """The variant every other is set against: Horovod's optimizer, or TF's own strategy."""
+    return "hvd" if horovod else "mwms"
+
+
+def parse_args(argv=None, horovod=None):
+    """`horovod`: the stack (None: ask tftorus/stack.py); it sets the variants and the peer."""
+    horovod = horovod_here() if horovod is None else horovod
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--clusters", nargs="+", type=topology, default=[(1, 4), (2, 2), (2, 4)])
     p.add_argument("--link-gbit", nargs="+", type=float, default=[0.25])
     p.add_argument("--wires", nargs="+", choices=("fp16", "fp32"), default=["fp16", "fp32"])
-    p.add_argument("--variants", nargs="+", choices=VARIANTS, default=["hvd", "default"])
+    p.add_argument("--variants", nargs="+", choices=VARIANTS if horovod else CURRENT_VARIANTS,
+                   default=[peer_of(horovod), "default"])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--steps", type=int, default=4, help="timed steps per fit call")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps before them")
@@ -68,12 +113,16 @@ def parse_args(argv=None):
     p.add_argument("--fusion-mb", type=float, default=None,
                    help="tftorus' bucket size (fusion_threshold_bytes) in MiB; default: its own")
     p.add_argument("--out", default=DEFAULT_OUT)
-    p.add_argument("--timeout", type=float, default=3600.0, help="seconds per cluster")
+    p.add_argument("--timeout", type=float, default=3600.0,
+                   help="seconds per launch (one per cluster and wire on the classic stack, two "
+                        "per cluster and repeat on the current one)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--meta", nargs=3, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--first-repeat", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.repeats < 1 or args.steps < 1 or args.warmup < 0:
         p.error("--repeats and --steps must be >= 1, --warmup >= 0")
+    args.horovod = horovod
     return args
 
 
@@ -82,15 +131,66 @@ def parse_args(argv=None):
 # ==================================================================================================
 
 def worker(args) -> None:
+    if set(args.variants) & set(MWMS_VARIANTS):
+        mwms_worker(args)
+    else:
+        torus_worker(args)
+
+
+def runtime(tf):
+    """(rank, line_up(), slowest(seconds)) of this process' runtime: Horovod's on the classic
+    stack, tftorus' tf engine (started by tftorus.init() from TF_CONFIG) on the current one.
+    line_up: a tiny all-reduce, so every rank starts a timing together; slowest: the largest
+    of every rank's value."""
+    if horovod_here():
+        import horovod.tensorflow as hvd_tf
+        return (hvd_tf.rank(),
+                lambda: hvd_tf.allreduce(tf.constant(0.0), name="line_up"),
+                lambda seconds: float(hvd_tf.allreduce(tf.constant(seconds, tf.float64),
+                                                       op=hvd_tf.Max, name="slowest")))
+    from tftorus import world
+    rank, size = world.rank(), world.size()
+    return (rank, lambda: world.allreduce_sum(tf.constant(0.0)),
+            lambda seconds: largest(world.allreduce_sum, rank, size, seconds, tf))
+
+
+def largest(sum_fn, rank: int, size: int, seconds: float, tf) -> float:
+    """Every rank's value by a sum (each puts its own at its index, zeros elsewhere): exact, and
+    any runtime has a sum."""
+    mine = tf.one_hot(rank, size, dtype=tf.float64) * seconds
+    return float(tf.reduce_max(sum_fn(mine)))
+
+
+class _Timing:
+    """A Keras callback's times of each train batch (the same on Keras 2 and 3: a step's
+    function returns when its ops are done)."""
+
+    @staticmethod
+    def callback(tf):
+        class StepTimes(tf.keras.callbacks.Callback):
+            def on_train_begin(self, logs=None):
+                self.times = []
+
+            def on_train_batch_begin(self, batch, logs=None):
+                self.start = time.perf_counter()
+
+            def on_train_batch_end(self, batch, logs=None):
+                self.times.append(time.perf_counter() - self.start)
+
+        return StepTimes()
+
+
+def torus_worker(args) -> None:
     import numpy as np
     import tftorus
     tftorus.init()
-    import horovod.tensorflow as hvd_tf
-    import horovod.tensorflow.keras as hvd_keras
     import tensorflow as tf
     import tftorus.keras
 
-    rank = hvd_tf.rank()
+    rank, line_up, slowest = runtime(tf)
+    hvd_keras = None
+    if args.horovod:
+        import horovod.tensorflow.keras as hvd_keras
     tf.keras.utils.set_random_seed(rank)
     shape = (args.image_size, args.image_size, 3)
     images = tf.random.uniform((args.batch,) + shape)
@@ -110,20 +210,6 @@ def worker(args) -> None:
             torus["fusion_threshold_bytes"] = int(args.fusion_mb * (1 << 20))
         return tftorus.keras.DistributedOptimizer(sgd, compression=compression, **torus)
 
-    class StepTimes(tf.keras.callbacks.Callback):
-        def on_train_begin(self, logs=None):
-            self.times = []
-
-        def on_train_batch_begin(self, batch, logs=None):
-            self.start = time.perf_counter()
-
-        def on_train_batch_end(self, batch, logs=None):
-            self.times.append(time.perf_counter() - self.start)
-
-    def slowest(seconds: float) -> float:
-        return float(hvd_tf.allreduce(tf.constant(seconds, tf.float64), op=hvd_tf.Max,
-                                      name="slowest"))
-
     meta = dict(zip(("hosts", "ranks_per_host", "link_gbit"), args.meta))
     for wire in args.wires:
         variants = ["compute"] + list(args.variants)
@@ -141,27 +227,16 @@ def worker(args) -> None:
                     autograph=False)
             built[variant] = (model, reduce_fn, grads)
         rows = []
-        for repeat in range(args.repeats):
+        for repeat in range(args.first_repeat, args.first_repeat + args.repeats):
             shift = repeat % len(variants)
             for variant in variants[shift:] + variants[:shift]:
                 model, reduce_fn, grads = built[variant]
-                hvd_tf.allreduce(tf.constant(0.0), name="line_up")  # start together
-                timer = StepTimes()
-                model.fit(data, steps_per_epoch=args.warmup + args.steps, epochs=1, verbose=0,
-                          callbacks=[timer])
-                step = slowest(statistics.median(timer.times[args.warmup:]))
+                line_up()  # start together
+                step = slowest(fit_step(tf, args, model, data))
                 allreduce = 0.0
                 if reduce_fn is not None:
-                    calls = []
-                    for i in range(args.warmup + args.steps):
-                        hvd_tf.allreduce(tf.constant(0.0), name="line_up")
-                        start = time.perf_counter()
-                        for t in reduce_fn(grads):
-                            t.numpy()
-                        calls.append(time.perf_counter() - start)
-                    allreduce = slowest(statistics.median(calls[args.warmup:]))
-                rows.append({**meta, "wire": wire, "repeat": repeat, "variant": variant,
-                             "step_s": f"{step:.4f}", "allreduce_s": f"{allreduce:.4f}"})
+                    allreduce = slowest(time_allreduce(args, lambda: reduce_fn(grads), line_up))
+                rows.append(row_of(meta, wire, repeat, variant, step, allreduce))
                 if rank == 0:
                     print(f"  {wire} repeat {repeat} {variant:12s} step {step:.3f} s, "
                           f"all-reduce alone {allreduce:.3f} s", flush=True)
@@ -169,6 +244,127 @@ def worker(args) -> None:
             append_csv(os.path.join(args.out, "steps.csv"), rows)
         del built
     tftorus.shutdown()
+
+
+def fit_step(tf, args, model, data) -> float:
+    """This rank's median step over `args.steps` model.fit steps after `args.warmup`."""
+    timer = _Timing.callback(tf)
+    model.fit(data, steps_per_epoch=args.warmup + args.steps, epochs=1, verbose=0,
+              callbacks=[timer])
+    return statistics.median(timer.times[args.warmup:])
+
+
+def time_allreduce(args, reduce_once, line_up) -> float:
+    """This rank's median time of the reduction alone (every result read back), each call
+    started together."""
+    calls = []
+    for _ in range(args.warmup + args.steps):
+        line_up()
+        start = time.perf_counter()
+        for t in reduce_once():
+            t.numpy()
+        calls.append(time.perf_counter() - start)
+    return statistics.median(calls[args.warmup:])
+
+
+def row_of(meta, wire, repeat, variant, step, allreduce) -> dict:
+    return {**meta, "wire": wire, "repeat": repeat, "variant": variant,
+            "step_s": f"{step:.4f}", "allreduce_s": f"{allreduce:.4f}"}
+
+
+# ==================================================================================================
+# MultiWorkerMirroredStrategy (the current stack's peer), in processes of its own
+# ==================================================================================================
+
+def mwms_keras3_shims(strategy, tf) -> None:
+    """What Keras 3.15's model.fit needs of MultiWorkerMirroredStrategy and TF 2.21 does not give
+    (keras-team/keras#20585, open; tensorflow/tensorflow#72388): its `strategy.reduce` takes one
+    value, not a nest, and a MEAN along axis 0 fails on a scalar. Keras calls it on the whole
+    (images, labels) batch before the first step (_maybe_symbolic_build: "Attempt to convert a
+    value (PerReplica ...) to a Tensor"), and on each step's scalar loss with axis=0 ("Invalid
+    reduction dimension 0 for input with 0 dimensions"). Here it takes a nest, and a scalar is
+    reduced across replicas alone (axis=None), as Keras 2 did. Nothing of the step's gradient
+    all-reduce changes."""
+    reduce = strategy.reduce
+
+    def one(op, value, axis):
+        if axis is not None and all(t.shape.rank == 0
+                                    for t in strategy.experimental_local_results(value)):
+            axis = None
+        return reduce(op, value, axis=axis)
+
+    strategy.reduce = lambda op, value, axis=None: tf.nest.map_structure(
+        lambda v: one(op, v, axis), value)
+
+
+def mwms_worker(args) -> None:
+    """One rank of MWMS' launch: its model.fit steps and all-reduce alone, per repeat given."""
+    import numpy as np
+    import tensorflow as tf
+    (variant,) = args.variants
+    ring = tf.distribute.experimental.CommunicationOptions(
+        implementation=tf.distribute.experimental.CommunicationImplementation.RING)
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=ring)
+    if variant == "mwms":
+        mwms_keras3_shims(strategy, tf)
+    rank, size = strategy.cluster_resolver.task_id, strategy.num_replicas_in_sync
+
+    @tf.function(autograph=False)  # eager, MWMS warns of its overhead at every call
+    def sum_fn(value):  # a sum over the workers: each contributes its own
+        return strategy.reduce(tf.distribute.ReduceOp.SUM,
+                               strategy.run(tf.identity, args=(value,)), axis=None)
+
+    def line_up():
+        sum_fn(tf.constant(0.0))
+
+    def slowest(seconds):
+        return largest(sum_fn, rank, size, seconds, tf)
+
+    tf.keras.utils.set_random_seed(rank)
+    shape = (args.image_size, args.image_size, 3)
+    # MWMS takes the global batch and gives each worker its share: args.batch images a rank.
+    images = tf.random.uniform((args.batch * size,) + shape)
+    labels = tf.constant(np.arange(args.batch * size) % 10)
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    data = tf.data.Dataset.from_tensors((images, labels)).repeat().with_options(options)
+    first = next(iter(strategy.experimental_distribute_dataset(data)))[0]
+    local = strategy.experimental_local_results(first)
+    if [int(t.shape[0]) for t in local] != [args.batch]:
+        raise RuntimeError(f"MWMS gave this worker batches of {[t.shape for t in local]}, "
+                           f"not one of {args.batch}")
+    with strategy.scope():
+        model = tf.keras.applications.ResNet50(weights=None, input_shape=shape, classes=10,
+                                               classifier_activation=None)
+        model.compile(tf.keras.optimizers.SGD(0.01, momentum=0.9),
+                      tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    grads = [tf.random.normal(v.shape, seed=1) * 1e-3 for v in model.trainable_variables]
+
+    @tf.function(autograph=False)
+    def reduce_once():  # what Keras 3's optimizer calls in a strategy's replica context
+        return strategy.run(lambda: tf.distribute.get_replica_context().all_reduce(
+            tf.distribute.ReduceOp.SUM, grads))
+
+    meta = dict(zip(("hosts", "ranks_per_host", "link_gbit"), args.meta))
+    rows = []
+    for repeat in range(args.first_repeat, args.first_repeat + args.repeats):
+        line_up()
+        try:
+            mine = fit_step(tf, args, model, data)
+        except Exception as error:  # as shipped: Keras 3's fit under MWMS (mwms_keras3_shims)
+            text = " ".join(str(error).split())
+            short = text if len(text) < 240 else f"{text[:120]} ... {text[-110:]}"
+            print(f"  {variant}: model.fit failed: {type(error).__name__}: {short}", flush=True)
+            raise SystemExit(1)
+        step = slowest(mine)
+        allreduce = slowest(time_allreduce(args, lambda: [
+            strategy.experimental_local_results(t)[0] for t in reduce_once()], line_up))
+        rows.append(row_of(meta, "fp32", repeat, variant, step, allreduce))
+        if rank == 0:
+            print(f"  fp32 repeat {repeat} {variant:12s} step {step:.3f} s, "
+                  f"all-reduce alone {allreduce:.3f} s", flush=True)
+    if rank == 0:
+        append_csv(os.path.join(args.out, "steps.csv"), rows)
 
 
 def append_csv(path: str, rows: List[dict]) -> None:
@@ -184,42 +380,63 @@ def append_csv(path: str, rows: List[dict]) -> None:
 # Report
 # ==================================================================================================
 
-def step_table(rows: List[Dict[str, str]]) -> str:
-    """One cluster, rate and wire: per variant the medians and the ratios (see the docstring)."""
+def step_table(rows: List[Dict[str, str]], peer: str = None) -> str:
+    """One cluster, rate and wire: per variant the medians and the ratios (see the docstring).
+    `peer`: the variant of the ratio column (None: mwms where it was run, else hvd)."""
     by = {}
     for r in rows:
         by.setdefault(r["variant"], {})[int(r["repeat"])] = (float(r["step_s"]),
                                                              float(r["allreduce_s"]))
+    if peer is None:
+        peer = "mwms" if "mwms" in by else "hvd"
     compute = by.get("compute", {})
-    hvd = by.get("hvd", {})
+    base = by.get(peer, {})
     lines = [f"{'variant':<14}{'step s':>8}{'compute s':>11}{'all-reduce s':>14}"
-             f"{'hidden':>8}{'step/hvd':>10}{'step/max(c,a)':>15}"]
+             f"{'hidden':>8}{'step/' + peer:>10}{'step/max(c,a)':>15}"]
     for variant, reps in by.items():
         if variant == "compute":
             continue
         step = statistics.median(s for s, _ in reps.values())
         alone = statistics.median(a for _, a in reps.values())
         comp = statistics.median(compute[r][0] for r in reps if r in compute) if compute else 0
-        to_hvd = [s / hvd[r][0] for r, (s, _) in reps.items() if r in hvd]
+        to_peer = [s / base[r][0] for r, (s, _) in reps.items() if r in base]
         to_max = [s / max(compute[r][0], a) for r, (s, a) in reps.items() if r in compute]
         hidden = [(compute[r][0] + a - s) / min(compute[r][0], a)
                   for r, (s, a) in reps.items() if r in compute and min(compute[r][0], a) > 0]
         fmt = (lambda v: f"{statistics.median(v):.2f}" if v else "n/a")
         lines.append(f"{variant:<14}{step:>8.3f}{comp:>11.3f}{alone:>14.3f}"
-                     f"{fmt(hidden):>8}{fmt(to_hvd):>10}{fmt(to_max):>15}")
+                     f"{fmt(hidden):>8}{fmt(to_peer):>10}{fmt(to_max):>15}")
     return "\n".join(lines)
 
 
 def report(path: str) -> str:
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
+    return report_rows(rows)
+
+
+def report_rows(rows: List[Dict[str, str]]) -> str:
+    """A table per cluster, rate and wire. MWMS has no wire compression: its rows (wire fp32)
+    stand in every wire's table of their cluster, and make no table of their own."""
     groups = {}
     for r in rows:
         groups.setdefault((r["hosts"], r["ranks_per_host"], r["link_gbit"], r["wire"]), []).append(r)
+    peers = {}
+    for (hosts, rph, gbit, wire), group in groups.items():
+        for r in group:
+            if r["variant"] in MWMS_VARIANTS:
+                peers.setdefault((hosts, rph, gbit), []).append(r)
     out = []
     for (hosts, rph, gbit, wire), group in groups.items():
+        if peers:
+            group = [r for r in group if r["variant"] not in MWMS_VARIANTS]
+            if not group:
+                continue  # MWMS alone: it stands in the tftorus tables of its cluster
+            group = peers.get((hosts, rph, gbit), []) + group
         link = "" if hosts == "1" else f", {gbit} Gbit/s host links"
-        out.append(f"\n== {hosts} host(s) x {rph} ranks{link}, {wire} wire ==\n"
+        note = ("; mwms sends FP32 (no compression)" if wire != "fp32" and any(
+            r["variant"] in MWMS_VARIANTS for r in group) else "")
+        out.append(f"\n== {hosts} host(s) x {rph} ranks{link}, {wire} wire{note} ==\n"
                    + step_table(group))
     return "\n".join(out)
 
@@ -228,15 +445,55 @@ def report(path: str) -> str:
 # Launcher
 # ==================================================================================================
 
-def worker_argv(args, wire: str, meta) -> List[str]:
-    """The command of one rank: `--worker` with the launcher's settings, one wire, and `meta`
-    (hosts, ranks per host, link) for the CSV rows."""
-    return [sys.executable, "-m", "studies.emulated_step", "--worker", "--wires", wire,
-            "--variants", *args.variants, "--repeats", str(args.repeats),
+def worker_argv(args, wire, meta, variants=None, first_repeat=None) -> List[str]:
+    """The command of one rank: `--worker` with the launcher's settings, one wire (or a list),
+    and `meta` (hosts, ranks per host, link) for the CSV rows; `variants` and one repeat from
+    `first_repeat` where the launch is not every repeat of the launcher's variants."""
+    wires = [wire] if isinstance(wire, str) else list(wire)
+    repeats = args.repeats if first_repeat is None else 1
+    return [sys.executable, "-m", "studies.emulated_step", "--worker", "--wires", *wires,
+            "--variants", *(variants or args.variants), "--repeats", str(repeats),
             "--steps", str(args.steps), "--warmup", str(args.warmup), "--batch", str(args.batch),
             "--image-size", str(args.image_size), "--out", args.out,
             *(["--fusion-mb", str(args.fusion_mb)] if args.fusion_mb is not None else []),
+            *(["--first-repeat", str(first_repeat)] if first_repeat is not None else []),
             "--meta", *meta]
+
+
+def current_launches(args, repeat: int) -> List[tuple]:
+    """The current stack's launches of one repeat, in order: (name, variants, wires). tftorus'
+    variants (and compute) share one launch over every wire, where any is asked; each MWMS
+    variant has its own (FP32). The order turns with the repeat, so none always runs first."""
+    torus = [v for v in args.variants if v not in MWMS_VARIANTS]
+    launches = [("tftorus", torus, args.wires)] if torus else []
+    launches += [(v, [v], ["fp32"]) for v in args.variants if v in MWMS_VARIANTS]
+    shift = repeat % len(launches)
+    return launches[shift:] + launches[:shift]
+
+
+def run_current(args) -> List[str]:
+    """Every cluster of the current stack: per repeat a TF_CONFIG launch of tftorus' variants
+    and one of each MWMS variant (they cannot share a process: each starts a TF server).
+    The titles of failed launches."""
+    failed, launched = [], 0
+    for hosts, rph in args.clusters:
+        for gbit in (args.link_gbit if hosts > 1 else args.link_gbit[:1]):
+            title = f"{hosts}x{rph}" + (f" at {gbit:g} Gbit/s" if hosts > 1 else "")
+            print(f"emulated cluster {title}", flush=True)
+            meta = (str(hosts), str(rph), f"{gbit:g}")
+            with cluster.Cluster(hosts, gbit):
+                for repeat in range(args.repeats):
+                    for name, variants, wires in current_launches(args, repeat):
+                        print(f" repeat {repeat}: {name} ({' '.join(variants)}, "
+                              f"{' '.join(wires)})", flush=True)
+                        argv_worker = worker_argv(args, wires, meta, variants, repeat)
+                        log = os.path.join(args.out,
+                                           f"ranks_{hosts}x{rph}_{gbit:g}_{name}_{repeat}.log")
+                        port = cluster.TF_PORT + 100 * (launched % 50)  # none in TIME_WAIT
+                        launched += 1
+                        if cluster.launch_tf_config(args, hosts, rph, argv_worker, log, port):
+                            failed.append(f"{title}, {name}, repeat {repeat}")
+    return failed
 
 
 def main(argv=None) -> int:
@@ -252,8 +509,8 @@ def main(argv=None) -> int:
     csv_path = os.path.join(args.out, "steps.csv")
     if os.path.exists(csv_path):
         os.remove(csv_path)  # the tables are of this run
-    failed = []
-    for hosts, rph in args.clusters:
+    failed = [] if args.horovod else run_current(args)
+    for hosts, rph in (args.clusters if args.horovod else []):
         for gbit in (args.link_gbit if hosts > 1 else args.link_gbit[:1]):
             # One launch per wire: every variant's model lives in the same processes, and at
             # 2 x 4 two wires' worth of ResNet-50s (3 GB a rank) ran this machine out of memory.

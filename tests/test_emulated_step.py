@@ -1,13 +1,22 @@
-"""The step benchmark's report and arguments (studies/emulated_step.py), without processes."""
+"""The step benchmark's report and arguments (studies/emulated_step.py), without processes.
+
+Both stacks: the classic one's (Horovod's optimizer the peer) and the current one's
+(MultiWorkerMirroredStrategy the peer, TF_CONFIG launches), each answered from arguments, so
+either stack runs every test here in one process.
+"""
 import argparse
+import contextlib
+import io
+import json
 
 import tensorflow as tf
 
+from studies import emulated_cluster as cluster
 from studies import emulated_step
 
 
-def row(variant, repeat, step, allreduce=0.0, wire="fp16"):
-    return {"hosts": "2", "ranks_per_host": "2", "link_gbit": "0.25", "wire": wire,
+def row(variant, repeat, step, allreduce=0.0, wire="fp16", hosts="2", rph="2"):
+    return {"hosts": hosts, "ranks_per_host": rph, "link_gbit": "0.25", "wire": wire,
             "repeat": str(repeat), "variant": variant, "step_s": str(step),
             "allreduce_s": str(allreduce)}
 
@@ -32,6 +41,139 @@ class EmulatedStepReportTest(tf.test.TestCase):
         for bad in ("2", "2x", "0x4", "axb"):
             with self.assertRaisesRegex(argparse.ArgumentTypeError, "HOSTSxRANKS_PER_HOST"):
                 emulated_step.topology(bad)
+
+
+class CurrentStackReportTest(tf.test.TestCase):
+    """MWMS is the peer: its rows (wire fp32, no compression) stand in every wire's table."""
+
+    def rows(self):
+        rows = []
+        for repeat in range(3):
+            rows += [row("compute", repeat, 0.5, wire="fp32"),
+                     row("default", repeat, 3.0, 2.5, wire="fp32"),
+                     row("compute", repeat, 0.5, wire="fp16"),
+                     row("default", repeat, 1.5 + 0.1 * repeat, 1.2, wire="fp16"),
+                     row("mwms", repeat, 5.0, 4.8, wire="fp32")]
+        return rows
+
+    def test_the_ratio_column_is_to_mwms(self):
+        table = emulated_step.step_table([r for r in self.rows() if r["wire"] == "fp32"])
+        lines = table.splitlines()
+        self.assertIn("step/mwms", lines[0])
+        self.assertNotIn("step/hvd", lines[0])
+        cells = {line.split()[0]: line.split() for line in lines[1:]}
+        self.assertEqual(cells["mwms"][5], "1.00")
+        self.assertEqual(cells["default"][5], "0.60")  # 3.0 / 5.0
+        self.assertEqual(cells["mwms"][4], "0.60")  # hidden: (0.5 + 4.8 - 5.0) / 0.5
+        self.assertEqual(cells["default"][6], "1.20")  # 3.0 / max(0.5, 2.5)
+
+    def test_mwms_stands_in_every_wire_table_and_makes_none_of_its_own(self):
+        text = emulated_step.report_rows(self.rows())
+        tables = [t for t in text.split("\n== ") if t.strip()]
+        self.assertEqual(len(tables), 2)  # fp32 and fp16, no third for MWMS alone
+        fp16 = next(t for t in tables if "fp16 wire" in t)
+        self.assertIn("mwms sends FP32 (no compression)", fp16)
+        cells = {line.split()[0]: line.split() for line in fp16.splitlines()[2:]}
+        self.assertEqual(cells["mwms"][1], "5.000")
+        self.assertEqual(cells["default"][1], "1.600")  # median of 1.5, 1.6, 1.7
+        self.assertEqual(cells["default"][5], "0.32")  # 1.6 / 5.0, per repeat then median
+        fp32 = next(t for t in tables if "fp32 wire" in t)
+        self.assertNotIn("no compression", fp32)
+
+    def test_mwms_of_one_cluster_stays_out_of_another(self):
+        rows = self.rows() + [row("compute", 0, 0.4, wire="fp32", hosts="1", rph="4"),
+                              row("default", 0, 0.8, 0.3, wire="fp32", hosts="1", rph="4")]
+        one_host = next(t for t in emulated_step.report_rows(rows).split("\n== ")
+                        if t.startswith("1 host"))
+        self.assertNotIn("\nmwms", one_host)
+        self.assertIn("n/a", one_host.splitlines()[-1])  # no peer there: no ratio
+
+    def test_a_classic_report_is_unchanged(self):
+        rows = [row("compute", 0, 1.0), row("hvd", 0, 4.0, 3.0), row("default", 0, 2.5, 2.0)]
+        self.assertEqual(emulated_step.report_rows(rows),
+                         "\n== 2 host(s) x 2 ranks, 0.25 Gbit/s host links, fp16 wire ==\n"
+                         + emulated_step.step_table(rows))
+        self.assertIn("step/hvd", emulated_step.step_table(rows))
+
+
+class StackArgumentsTest(tf.test.TestCase):
+
+    def test_each_stack_has_its_peer_and_refuses_the_other(self):
+        classic = emulated_step.parse_args([], horovod=True)
+        current = emulated_step.parse_args([], horovod=False)
+        self.assertEqual(classic.variants, ["hvd", "default"])
+        self.assertEqual(current.variants, ["mwms", "default"])
+        for horovod, other in ((True, "mwms"), (False, "hvd")):
+            with self.assertRaises(SystemExit), contextlib.redirect_stderr(io.StringIO()):
+                emulated_step.parse_args(["--variants", other], horovod=horovod)
+        self.assertEqual(emulated_step.parse_args(
+            ["--variants", "mwms-as-shipped", "ring"], horovod=False).variants,
+            ["mwms-as-shipped", "ring"])
+
+    def test_current_launches_turn_with_the_repeat(self):
+        args = emulated_step.parse_args(["--wires", "fp32", "fp16", "--variants", "mwms",
+                                         "default"], horovod=False)
+        first = emulated_step.current_launches(args, 0)
+        self.assertEqual(first, [("tftorus", ["default"], ["fp32", "fp16"]),
+                                 ("mwms", ["mwms"], ["fp32"])])
+        self.assertEqual(emulated_step.current_launches(args, 1), first[::-1])
+        self.assertEqual(emulated_step.current_launches(args, 2), first)
+        only_mwms = emulated_step.parse_args(["--variants", "mwms-as-shipped"], horovod=False)
+        self.assertEqual(emulated_step.current_launches(only_mwms, 0),
+                         [("mwms-as-shipped", ["mwms-as-shipped"], ["fp32"])])
+
+    def test_worker_commands(self):
+        args = emulated_step.parse_args(["--repeats", "3"], horovod=True)
+        classic = emulated_step.worker_argv(args, "fp16", ("2", "2", "0.25"))
+        self.assertNotIn("--first-repeat", classic)
+        self.assertEqual(classic[classic.index("--wires") + 1], "fp16")
+        self.assertEqual(classic[classic.index("--repeats") + 1], "3")
+        current = emulated_step.worker_argv(args, ["fp32", "fp16"], ("2", "2", "0.25"),
+                                            ["default"], 2)
+        self.assertEqual(current[current.index("--first-repeat") + 1], "2")
+        self.assertEqual(current[current.index("--repeats") + 1], "1")
+        self.assertEqual(current[current.index("--variants") + 1:current.index("--repeats")],
+                         ["default"])
+        worker = emulated_step.parse_args(current[current.index("--worker"):], horovod=False)
+        self.assertEqual((worker.wires, worker.first_repeat, worker.repeats),
+                         (["fp32", "fp16"], 2, 1))
+
+    def test_tf_config_names_every_rank_at_its_host(self):
+        self.assertEqual(cluster.tf_config_workers(2, 2, 23456),
+                         ["10.77.0.1:23456", "10.77.0.1:23457",
+                          "10.77.0.2:23456", "10.77.0.2:23457"])
+        json.dumps({"cluster": {"worker": cluster.tf_config_workers(1, 4)}})
+
+
+class MwmsHelpersTest(tf.test.TestCase):
+
+    def test_the_slowest_rank_by_a_sum(self):
+        values = [0.5, 2.0, 1.25]
+        total = sum(tf.one_hot(r, 3, dtype=tf.float64) * v for r, v in enumerate(values))
+        for rank, mine in enumerate(values):
+            self.assertEqual(emulated_step.largest(lambda t: total, rank, 3, mine, tf), 2.0)
+
+    def test_shims_take_a_nest_and_reduce_a_scalar_across_replicas(self):
+        calls = []
+
+        class Strategy:  # the two methods the shims use, recording what reduce is given
+            def reduce(self, op, value, axis=None):
+                if isinstance(value, (tuple, list, dict)):
+                    raise ValueError("Attempt to convert a value (PerReplica ...)")
+                calls.append((op, axis))
+                return value
+
+            def experimental_local_results(self, value):
+                return (value,)
+
+        strategy = Strategy()
+        emulated_step.mwms_keras3_shims(strategy, tf)
+        batch = (tf.zeros([4, 2]), tf.zeros([4], tf.int64))
+        self.assertEqual(len(strategy.reduce("MEAN", batch, axis=None)), 2)
+        strategy.reduce("MEAN", tf.constant(1.0), axis=0)  # a step's loss
+        strategy.reduce("MEAN", tf.zeros([4]), axis=0)
+        self.assertEqual(calls, [("MEAN", None), ("MEAN", None), ("MEAN", None),
+                                 ("MEAN", 0)])
 
 
 if __name__ == "__main__":
