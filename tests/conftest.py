@@ -111,6 +111,8 @@ CURRENT_STACK = (
     "tests/test_facades_without_horovod.py",
     "tests/test_user_fit.py::LaunchWithoutHorovodTest",
     "tests/test_tf_engine.py",
+    "tests/test_input_pipeline.py",
+    "tests/test_lars.py",
 )
 
 CURRENT = importlib.util.find_spec("horovod") is None  # this is the current stack

@@ -8,8 +8,10 @@ N <= 10 has task indices 0-9 only, so the order never differs there.
 Two jobs SIGKILL a worker: the survivors must exit non-zero, in time, saying what happened.
 """
 import json
+import os
 import re
 import unittest
+from unittest import mock
 
 import tensorflow as tf
 
@@ -42,14 +44,28 @@ class ArgumentErrorTest(tf.test.TestCase):
     def test_after_tensorflow_started(self):
         tf.constant(1.0)  # TF's runtime now runs in this process
         saved, context._state = context._state, None  # other tests may have run init()
+        two = json.dumps({"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]},
+                          "task": {"type": "worker", "index": 0}})
         try:
-            with self.assertRaisesRegex(RuntimeError, r"already started.*tftorus.init\("
-                                                      r"engine='tf'\).*before any other"):
+            with mock.patch.dict(os.environ, {"TF_CONFIG": two}), \
+                    mock.patch.object(tf_cluster, "_discovered", None), \
+                    mock.patch.object(tf_cluster, "_cluster", None):
+                self.check_too_late()
+            # started alone there is no cluster to join: init() goes ahead
+            with mock.patch.dict(os.environ, {v: "" for v in tf_cluster.LAUNCHER_VARIABLES}), \
+                    mock.patch.object(tf_cluster, "_discovered", None), \
+                    mock.patch.object(tf_cluster, "_cluster", None):
                 tftorus.init(engine="tf")
-            with self.assertRaisesRegex(RuntimeError, "already started"):
-                tf_cluster.bootstrap()
+                self.assertEqual(tftorus.world.size(), 1)
         finally:
             context._state = saved
+
+    def check_too_late(self):
+        with self.assertRaisesRegex(RuntimeError, r"already started.*tftorus.init\("
+                                                  r"engine='tf'\).*before any other"):
+            tftorus.init(engine="tf")
+        with self.assertRaisesRegex(RuntimeError, "already started"):
+            tf_cluster.bootstrap()
 
 
 class DiscoveryTest(tf.test.TestCase):

@@ -101,9 +101,18 @@ def _context_started() -> bool:
     return context.context()._context_handle is not None  # no public accessor in TF 2.15
 
 
+LAUNCHER_VARIABLES = ("TF_CONFIG", "HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID")
+
+
+def launched() -> bool:
+    """Whether a launcher started this process as one of several (what _discover reads)."""
+    return any(os.environ.get(name, "").strip() for name in LAUNCHER_VARIABLES)
+
+
 def check_not_started() -> None:
-    """Raise if TF's runtime already runs here: it can then no longer join a cluster."""
-    if _cluster is None and _context_started():
+    """Raise if TF's runtime already runs here and a launcher says there is a cluster to join:
+    it can then no longer join it. A process started alone has none, so anything goes."""
+    if _cluster is None and launched() and _context_started():
         raise RuntimeError(
             "TensorFlow's runtime already started in this process (a tensor, device query or "
             "tf.function ran), so its collective ops can no longer join a cluster. Call "
