@@ -7,7 +7,8 @@ theirs in extras, and `run_scripts/setup.sh` (TFTORUS_STACK=classic|current) ins
   classic  `.[cpu]` / `.[gpu]`: TensorFlow 2.15.1 (Keras 2), tensorflow-addons, numpy<2; then
            Horovod 0.28.1, which must be compiled against the TensorFlow already installed, so
            setup.sh builds it after this package.
-  current  `.[current-cpu]` / `.[current-gpu]`: TensorFlow 2.21.0 (Keras 3), no Horovod.
+  current  `.[current-cpu]` / `.[current-gpu]`: TensorFlow 2.21.0 (Keras 3), TensorBoard, no
+           Horovod.
 """
 from setuptools import find_packages, setup
 
@@ -20,6 +21,9 @@ CLASSIC = [
     "numpy>=1.23,<2",
     "cloudpickle",  # horovodrun needs it
 ]
+# what the current stack adds: TensorFlow no longer brings TensorBoard since 2.20, and the
+# trainer writes its scalars with tf.summary
+CURRENT = [f"tensorboard~={CURRENT_TF_VERSION.rsplit('.', 1)[0]}.0"]
 
 setup(
     name="tftorus",
@@ -36,8 +40,8 @@ setup(
     extras_require={
         "cpu": [f"tensorflow-cpu=={TF_VERSION}", *CLASSIC],
         "gpu": [f"tensorflow[and-cuda]=={TF_VERSION}", *CLASSIC],
-        "current-cpu": [f"tensorflow-cpu=={CURRENT_TF_VERSION}"],
-        "current-gpu": [f"tensorflow[and-cuda]=={CURRENT_TF_VERSION}"],
+        "current-cpu": [f"tensorflow-cpu=={CURRENT_TF_VERSION}", *CURRENT],
+        "current-gpu": [f"tensorflow[and-cuda]=={CURRENT_TF_VERSION}", *CURRENT],
         # sklearn ships real JPEG photos for input tests; scipy: the cost model's fit (studies)
         "test": ["pytest", "scikit-learn", "scipy", "matplotlib"],
     },

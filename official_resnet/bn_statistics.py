@@ -25,6 +25,9 @@ from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Tuple
 
 import tensorflow as tf
 
+from official_resnet.keras_generation import KERAS
+from tftorus.stack import variable_key
+
 AllreduceSum = Callable[[tf.Tensor], tf.Tensor]
 
 
@@ -49,7 +52,7 @@ def batch_norm_layers(model: tf.keras.Model) -> List[tf.keras.layers.BatchNormal
             visit(sublayer)
 
     visit(model)
-    for module in model.submodules:  # BN held by a subclassed layer, which has no `.layers`
+    for module in KERAS.sublayers(model):  # BN held by a subclassed layer (no `.layers`)
         if isinstance(module, tf.keras.layers.BatchNormalization) and id(module) not in seen:
             seen.add(id(module))
             found.append(module)
@@ -61,7 +64,8 @@ def _channel_sums(layer: tf.keras.layers.BatchNormalization,
     """Per-channel sum and sum of squares of a BN input, in FP32, and the count per channel."""
     x = tf.cast(inputs, tf.float32)  # FP16 squares overflow past 256
     rank = x.shape.rank
-    channel_axes = {a % rank for a in layer.axis}
+    axes = layer.axis if isinstance(layer.axis, (list, tuple)) else [layer.axis]  # Keras 3: int
+    channel_axes = {a % rank for a in axes}
     reduce_axes = [i for i in range(rank) if i not in channel_axes]
     total = tf.reshape(tf.reduce_sum(x, axis=reduce_axes), [-1])
     total_sq = tf.reshape(tf.reduce_sum(tf.square(x), axis=reduce_axes), [-1])
@@ -138,8 +142,9 @@ def recompute_bn_statistics(model: tf.keras.Model, batches: Iterable,
         parts.append(tf.cast(tf.reshape(examples, [1]), tf.float32))
         return tf.concat(parts, axis=0)
 
-    moving = {v.ref() for layer in bn_layers for v in (layer.moving_mean, layer.moving_variance)}
-    state = [v for v in model.non_trainable_variables if v.ref() not in moving]
+    moving = {variable_key(v) for layer in bn_layers
+              for v in (layer.moving_mean, layer.moving_variance)}
+    state = [v for v in model.non_trainable_variables if variable_key(v) not in moving]
     saved = [tf.identity(v) for v in state]
 
     totals = tf.zeros([buffer_size], tf.float32)

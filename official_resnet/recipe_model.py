@@ -21,8 +21,9 @@ from typing import List
 
 import tensorflow as tf
 
+from official_resnet.keras_generation import KERAS
 from tftorus import accumulation as micro_batches
-from tftorus.optimizer import reduce_gradients
+from tftorus.reduction import reduce_gradients
 
 
 def smoothed_cross_entropy(labels, logits, num_classes: int, label_smoothing: float):
@@ -107,9 +108,6 @@ class RecipeModel(tf.keras.Model):
     def metrics(self):
         return [self._step.loss, self._step.top1]
 
-    def _loss_scaled(self) -> bool:
-        return isinstance(self.optimizer, tf.keras.mixed_precision.LossScaleOptimizer)
-
     def make_train_function(self, force=False):
         # The step's variables made eagerly, before fit traces its step: a tf.function whose
         # first call creates variables is traced twice, and each variable's initialisation
@@ -127,8 +125,8 @@ class RecipeModel(tf.keras.Model):
         if step.state_before is None:
             step.state_before = [tf.Variable(v, trainable=False)
                                  for v in self.non_trainable_variables]
-            inner = self.optimizer.inner_optimizer if self._loss_scaled() else self.optimizer
-            inner.build(self.trainable_variables)  # slots too: the update sits in a tf.cond
+            # the slots (and a loss scale) too: the update sits in a tf.cond
+            KERAS.build_optimizer(self.optimizer, self.trainable_variables)
             self.micro_batch_accumulation.build(list(self.trainable_variables)
                                                 + [tf.zeros([], tf.float32)])  # + the loss
 
@@ -150,7 +148,7 @@ class RecipeModel(tf.keras.Model):
             logits = self(images, training=True)
             loss = smoothed_cross_entropy(labels, logits, self.output_shape[-1],
                                           self.label_smoothing)
-            scaled = self.optimizer.get_scaled_loss(loss) if self._loss_scaled() else loss
+            scaled = KERAS.scale_loss(self.optimizer, loss)
         grads = tape.gradient(scaled, variables)
         step.top1.update_state(100.0 * correct_count(labels, logits)
                                / tf.cast(tf.shape(labels)[0], tf.float32))
@@ -172,24 +170,17 @@ class RecipeModel(tf.keras.Model):
         workers, check, apply or skip."""
         step, variables = self._step, self.trainable_variables
         grads, loss = self._reduce(means, loss_mean)
-        if self._loss_scaled():
-            grads = self.optimizer.get_unscaled_gradients(grads)
-        finite = all_finite(grads + [loss])
+        grads = KERAS.unscale(self.optimizer, grads)
+        finite = all_finite(grads + [loss])  # the same verdict on every worker
 
         def discard_state_updates():
             for v, before in zip(self.non_trainable_variables, step.state_before):
                 v.assign(before)
             return tf.constant(False)
 
-        def apply():
-            self.optimizer.apply_gradients(zip(grads, variables))
-            return tf.constant(True)
-
-        if self._loss_scaled():  # it skips non-finite updates itself and lowers the loss scale
-            self.optimizer.apply_gradients(zip(grads, variables))
-            applied = tf.cond(finite, lambda: tf.constant(True), discard_state_updates)
-        else:
-            applied = tf.cond(finite, apply, discard_state_updates)
+        # A LossScaleOptimizer lowers its scale on a skipped update
+        applied = KERAS.apply_or_skip(self.optimizer, grads, variables, finite,
+                                      discard_state_updates)
         step.updates.assign_add(1)
         step.last_applied.assign(applied)
         step.last_loss.assign(loss)

@@ -23,6 +23,7 @@ from typing import Callable, Optional
 import tensorflow as tf
 
 from official_resnet.checkpointing import CheckpointState
+from official_resnet.keras_generation import KERAS
 from official_resnet.run_state import NONFINITE_POLICIES, EpochLog, NonFiniteLossError, RunState
 from tftorus import watchdog
 from tftorus.batch_size_control import micro_batches_per_update
@@ -122,7 +123,7 @@ class NonFiniteSteps(tf.keras.callbacks.Callback):
         s.skipped_at.append(step)
         mixed = isinstance(self.model.optimizer, tf.keras.mixed_precision.LossScaleOptimizer)
         overflow = mixed and math.isfinite(loss)  # FP16 gradients overflowed
-        scale = float(self.model.optimizer.loss_scale) if mixed else None
+        scale = KERAS.loss_scale(self.model.optimizer) if mixed else None
         if s.workers.chief:
             logger.warning("step %d (epoch %.2f): %s over all workers; the step was skipped "
                            "(%d in a row)%s", step, epoch,

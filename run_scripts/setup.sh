@@ -68,13 +68,13 @@ if [ "$stack" = current ]; then
   # The current stack: TensorFlow as setup.py's current-cpu / current-gpu extras pin it, then
   # this package, which names no TensorFlow and so keeps that one; no Horovod.
   tf_version="$(sed -n 's/^CURRENT_TF_VERSION = "\([^"]*\)".*/\1/p' "$repo/setup.py")"
-  if [ "$gpu" = 1 ]; then tf_req="tensorflow[and-cuda]==$tf_version"; tf_dist=tensorflow
-  else tf_req="tensorflow-cpu==$tf_version"; tf_dist=tensorflow-cpu; fi
+  if [ "$gpu" = 1 ]; then tf_req="tensorflow[and-cuda]==$tf_version"; tf_dist=tensorflow; extra=current-gpu
+  else tf_req="tensorflow-cpu==$tf_version"; tf_dist=tensorflow-cpu; extra=current-cpu; fi
   want="$want-current"
   installed() {  # the stamped install is still there (no TensorFlow import: this is the quick path)
     "$py" - "$tf_dist" "$tf_version" <<'PY' 2>/dev/null
 import importlib.metadata as md, importlib.util, sys
-assert md.version(sys.argv[1]) == sys.argv[2] and md.version("tftorus")
+assert md.version(sys.argv[1]) == sys.argv[2] and md.version("tftorus") and md.version("tensorboard")
 assert importlib.util.find_spec("horovod") is None
 PY
   }
@@ -105,8 +105,8 @@ PY
   pip_quiet install --quiet --upgrade "pip<25" "setuptools<70" wheel packaging  # as classic's
   log "installing $tf_req (the current stack: Keras 3, no Horovod)"
   pip_quiet install --quiet "$tf_req"
-  log "installing tftorus[test] (it names no TensorFlow: the one above stays)"
-  pip_quiet install --quiet -e "$repo[test]"
+  log "installing tftorus[$extra,test] (the TensorFlow above, TensorBoard)"
+  pip_quiet install --quiet -e "$repo[$extra,test]"
   # TensorFlow's start-up lines go to stderr, shown only when the check fails
   if ! check="$("$py" - "$tf_version" 2>&1 <<'PY'
 import importlib.util, sys

@@ -113,6 +113,10 @@ CURRENT_STACK = (
     "tests/test_tf_engine.py",
     "tests/test_input_pipeline.py",
     "tests/test_lars.py",
+    "tests/test_train_step.py",
+    "tests/test_nonfinite.py",
+    "tests/test_bn_statistics.py",
+    "tests/test_callbacks.py",
 )
 
 CURRENT = importlib.util.find_spec("horovod") is None  # this is the current stack
