@@ -142,9 +142,10 @@ def define_flags():
                    "(the paper's values at the paper's batches)")
     d.DEFINE_enum("algorithm", "auto", ["auto", "torus", "ring", "hierarchical"],
                   "gradient all-reduce (auto: by topology and size, see tftorus.algorithms.choose)")
-    d.DEFINE_enum("engine", "horovod", ["horovod", "tf"],
+    d.DEFINE_enum("engine", None, ["horovod", "tf"],
                   "collectives under the all-reduce: Horovod process sets, or TensorFlow's own "
-                  "collective ops (also on TF_CONFIG clusters without horovodrun)")
+                  "collective ops (also on TF_CONFIG clusters without horovodrun). Default: "
+                  "horovod on the classic stack, tf on the current one (no Horovod there)")
     d.DEFINE_float("collective_timeout", 300.0,
                    "tf engine: seconds a collective may wait for its peers before the job stops "
                    "with an error naming the cause (a dead or stalled worker)")
@@ -179,6 +180,20 @@ def define_flags():
 def resolve_run(fv=None) -> RunSpec:
     """The flags resolved (`resolve`), then the run they specify; ValueError naming fixes."""
     return RunSpec.from_config(resolve(fv))
+
+
+def resolve_engine(engine: Optional[str]) -> str:
+    """--engine, or the stack's default (tftorus.stack.DEFAULT_ENGINE: horovod on the classic
+    stack, tf on the current one); horovod where Horovod is not installed fails in one line."""
+    if engine == "tf":
+        return engine
+    from tftorus import stack  # here: importing tftorus starts TensorFlow
+    engine = engine or stack.DEFAULT_ENGINE
+    if engine == "horovod" and not stack.HOROVOD:
+        raise ValueError(str(stack.horovod_required(
+            "--engine=horovod", "leave --engine out, or pass --engine=tf (TensorFlow's own "
+            "collectives, the default here)")))
+    return engine
 
 
 def resolve(fv=None) -> TrainConfig:
@@ -234,6 +249,7 @@ def resolve(fv=None) -> TrainConfig:
     # set by), so every variable LARS leaves unadapted (BN, biases) steps as it would at the
     # paper's batch. Momentum follows the divided batches through the divided reference batch.
     lr_scale = 1.0 / fv.batch_divisor if fv.lr_scale is None else fv.lr_scale
+    engine = resolve_engine(fv.engine)
     if str(fv.grid).strip().lower() not in ("auto", "paper"):
         from tftorus.grid import grid_shape  # here: importing tftorus starts TensorFlow
         grid_shape(fv.grid)  # malformed: now; whether it fits the world: at tftorus.init()
@@ -250,7 +266,7 @@ def resolve(fv=None) -> TrainConfig:
         trust_coefficient=fv.trust_coefficient, lars_epsilon=fv.lars_epsilon,
         weight_decay=fv.weight_decay, reference_batch=fv.reference_batch, lr_scale=lr_scale,
         lr_scale_from="batch_divisor" if fv.lr_scale is None else "flag",
-        algorithm=fv.algorithm, engine=fv.engine,
+        algorithm=fv.algorithm, engine=engine,
         collective_timeout=fv.collective_timeout, heartbeat_timeout=fv.heartbeat_timeout,
         stall_timeout=fv.stall_timeout, grid=fv.grid, compression=fv.compression,
         fusion_threshold_mb=fv.fusion_threshold_mb, bn_stat_batches=fv.bn_stat_batches,

@@ -25,6 +25,8 @@ from typing import Collection, Dict, Iterable, List, Optional, Tuple
 
 import tensorflow as tf
 
+from official_resnet.keras_generation import KERAS
+
 logger = logging.getLogger(__name__)
 
 CHECKPOINTS = "checkpoints"
@@ -64,6 +66,9 @@ class CheckpointState:
     bn_stat_batches: int = 0
     elapsed: float = 0.0  # training seconds so far (the run's clock)
     nonfinite_skips_in_a_row: int = 0  # skipped updates just before this epoch's end
+    # Keras' generation that wrote it (official_resnet.keras_generation: 2 on the classic stack,
+    # 3 on the current one); absent: 2, which wrote every checkpoint before Keras 3 trained
+    keras: int = 2
     format: int = FORMAT_VERSION
 
     def to_json(self) -> str:
@@ -274,11 +279,12 @@ class CheckpointWriter:
 def restore(checkpoint: tf.train.Checkpoint, path: str, optimizers: Iterable = (),
             variables: Iterable = ()) -> None:
     """Restore a verified checkpoint in place. Optimizers are built first (their slots exist, so
-    they are restored now and not lazily); every saved value must find its variable."""
+    they are restored now and not lazily; a LossScaleOptimizer builds its scale and its inner
+    optimizer); every saved value must find its variable."""
     variables = list(variables)
     for optimizer in optimizers:
         if hasattr(optimizer, "build"):
-            optimizer.build(variables)
+            KERAS.build_optimizer(optimizer, variables)  # once, a loss scale's too
     status = checkpoint.read(os.path.join(path, PREFIX))
     status.assert_existing_objects_matched()
 
@@ -351,6 +357,20 @@ def check_config(model_dir: str, config: Dict, may_differ: Collection[str] = ())
             f"--model_dir={model_dir} holds a run with a different configuration ({details}); "
             f"use another --model_dir, or the flags of that run to resume it")
     return True
+
+
+def check_generation(state: CheckpointState, path: str) -> None:
+    """A checkpoint is resumed by the Keras generation that wrote it: Keras 2 and Keras 3 save
+    the same model and optimizer as other objects (official_resnet.keras_generation)."""
+    if state.keras != KERAS.generation:
+        written = {2: "Keras 2 (the classic stack: TensorFlow 2.15, Horovod)",
+                   3: "Keras 3 (the current stack: TensorFlow >= 2.16)"}.get(
+                       state.keras, f"Keras {state.keras}")
+        raise CheckpointError(
+            f"checkpoint {path} was written by {written}, and this is {KERAS.name} "
+            f"({KERAS.stack}), whose model and optimizer save other variables: resume it on "
+            f"the stack that wrote it (TFTORUS_STACK), or start a new run in another "
+            f"--model_dir")
 
 
 def check_world(state: CheckpointState, path: str, plans, world_size: int,

@@ -20,6 +20,10 @@ Where they differ, and why the recipe does what it does on each:
                     subclasses (the one after the class that defines `_allreduce_grads`).
   layers            every layer under a model: Keras 2's tf.Module `submodules`; Keras 3 layers are
                     no tf.Modules, and list their nested layers with `_flatten_layers`.
+  checkpoints       tf.train.Checkpoint of the same model and optimizer saves other objects
+                    (Keras 2's layer_with_weights-N and slot order, Keras 3's layers and
+                    variables): a checkpoint is resumed by the generation that wrote it, which
+                    its state.json records (checkpointing.check_generation refuses the other).
   building          the update sits in a tf.cond, which cannot create variables: the slots are
                     made before the step traces. Keras 2: the inner optimizer's build (it makes
                     them once). Keras 3: `build` creates new variables on every call, so it is
@@ -48,6 +52,8 @@ class Keras2:
     """Keras 2 (TensorFlow 2.15, Horovod's wrappers)."""
 
     name = "Keras 2"
+    generation = 2  # what a checkpoint's state.json records (checkpointing.check_generation)
+    stack = "the classic stack"
 
     @staticmethod
     def sublayers(model) -> List:
@@ -92,6 +98,8 @@ class Keras3:
     """Keras 3 (TensorFlow >= 2.16, tftorus.keras3's optimizer)."""
 
     name = "Keras 3"
+    generation = 3
+    stack = "the current stack"
 
     @staticmethod
     def sublayers(model) -> List:

@@ -28,7 +28,8 @@ from official_resnet import input_pipeline, run_plan
 from official_resnet.callbacks import (BatchSizeControl, Evaluation, LRMomentumSchedule,
                                        MetricAverage)
 from official_resnet.checkpointing import CheckpointState
-from official_resnet.lars import LARS, unwrap
+from official_resnet.keras_generation import KERAS
+from official_resnet.lars import LARS
 from official_resnet.model import resnet
 from official_resnet.recipe_model import RecipeModel
 from official_resnet.run_callbacks import (CheckpointSaver, EpochLogger, NonFiniteSteps,
@@ -172,7 +173,14 @@ def start_workers(config) -> Workers:
     # error naming it (a collective: every rank starts it here).
     watchdog.start(config.heartbeat_timeout, config.stall_timeout)
     absl_logging.set_verbosity(absl_logging.INFO if workers.chief else absl_logging.WARNING)
+    absl_logging.get_absl_logger().addFilter(_quiet_checkpoint_writes)
     return workers
+
+
+def _quiet_checkpoint_writes(record: logging.LogRecord) -> bool:
+    """TensorFlow >= 2.16 logs a line at INFO on every checkpoint write ('Sharding callback
+    duration: N microseconds'); the log keeps the classic stack's lines."""
+    return not str(record.msg).startswith("Sharding callback duration")
 
 
 def plan_job(spec: RunSpec, workers: Workers, sizes: Optional[dataset_info.DataSizes]) -> Job:
@@ -193,6 +201,7 @@ def plan_job(spec: RunSpec, workers: Workers, sizes: Optional[dataset_info.DataS
             f"--model_dir, or --resume=auto to continue it")
     resume_from = checkpointing.find_resume(config.resume, config.model_dir)
     if resume_from:
+        checkpointing.check_generation(resume_from[1], resume_from[0])
         checkpointing.check_world(resume_from[1], resume_from[0], plans, workers.size,
                                   config.model_dir)
     # Phases on another world size (--gpus_per_phase) are run by a relaunch: this job runs the
@@ -308,7 +317,7 @@ def checkpoint_state(job: Job, state: RunState, keras_epoch: int) -> CheckpointS
         accumulation=plan.accumulation, micro_batch=plan.micro_batch,
         input_batches_in_phase=state.micro_batches_in_segment,
         bn_stat_batches=config.bn_stat_batches, elapsed=state.history[-1].elapsed,
-        nonfinite_skips_in_a_row=state.skips_in_a_row)
+        nonfinite_skips_in_a_row=state.skips_in_a_row, keras=KERAS.generation)
 
 
 def progbar_verbosity(chief: bool) -> int:
@@ -367,7 +376,7 @@ def make_callbacks(job: Job, state: RunState, segment: batch_plan.FitSegment, fi
 def restore(job: Job, model, checkpoint: tf.train.Checkpoint) -> None:
     """The resumed checkpoint's variables; newer checkpoints and history set aside."""
     config, (path, saved) = job.config, job.resume_from
-    checkpointing.restore(checkpoint, path, optimizers=[unwrap(model.optimizer)],
+    checkpointing.restore(checkpoint, path, optimizers=[model.optimizer],
                           variables=model.trainable_variables)
     if job.workers.chief:
         logger.info("restored %s", path)
@@ -401,7 +410,7 @@ def fit(job: Job, model, state: RunState, schedule: Schedule, data: Data, writer
         skip = (first - segment.first_epoch) * segment.steps_per_epoch
         model.fit(data.train(segment, skip), initial_epoch=first, epochs=segment.end_epoch,
                   steps_per_epoch=segment.steps_per_epoch, callbacks=callbacks,
-                  verbose=verbose)
+                  verbose=verbose, shuffle=False)  # the dataset shuffles (Keras 3 warns else)
         if model.stop_training:  # --stop_at_epoch, --max_steps or the end of this world size
             return bool(state.finishing)
         start = segment.end_epoch

@@ -117,6 +117,13 @@ CURRENT_STACK = (
     "tests/test_nonfinite.py",
     "tests/test_bn_statistics.py",
     "tests/test_callbacks.py",
+    "tests/test_trainer.py",
+    "tests/test_train_script.py",
+    "tests/test_resume.py",
+    "tests/test_schedules.py",
+    "tests/test_batch_plan.py",
+    "tests/test_resnet_model.py",
+    "tests/test_bad_input.py",
 )
 
 CURRENT = importlib.util.find_spec("horovod") is None  # this is the current stack

@@ -70,13 +70,18 @@ def horovodrun_command(np: int, argv: Sequence[str]):
 
 def run_many(argvs: Sequence[Sequence[str]], timeout: float = 300.0, envs=None,
              parallel: int = 2, np: int = 0):
-    """One launch per argv (a plain process, or `np` ranks under horovodrun), `parallel` at a
+    """One launch per argv (a plain process, or `np` ranks under run_world's launcher), `parallel` at a
     time; their Results in argv order. A single process spends most of its life importing and
     tracing on one thread, so two of them fill the two cores that one leaves half idle; jobs
     that fail at their start mostly wait. envs: one dict (or None) per argv."""
     envs = list(envs) if envs is not None else [None] * len(argvs)
+
+    def launch(argv, env):
+        if np:  # the stack's launcher: horovodrun, or python -m tftorus.run
+            return run_world(argv, np, timeout=timeout, env=env)
+        return run(argv, timeout=timeout, env=env)
     with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
-        return list(pool.map(lambda a, e: run(a, np=np, timeout=timeout, env=e), argvs, envs))
+        return list(pool.map(launch, argvs, envs))
 
 
 def refuse_in_quick_tier() -> None:
@@ -104,6 +109,15 @@ def run(argv: Sequence[str], np: int = 0, timeout: float = 300.0, env=None) -> R
         out, _ = proc.communicate()
         timed_out = True
     return Result(proc.returncode, out, time.monotonic() - start, timed_out)
+
+
+def run_world(argv: Sequence[str], np: int, timeout: float = 300.0, env=None) -> Result:
+    """`python argv...` as `np` workers with the stack's launcher: horovodrun on the classic
+    stack, tftorus' local launcher (`python -m tftorus.run -np N`, one TF_CONFIG per rank, lines
+    prefixed '[rank]') on the current one, which has no Horovod."""
+    if HOROVOD:
+        return run(argv, np=np, timeout=timeout, env=env)
+    return run(["-m", "tftorus.run", "-np", str(np), *argv], timeout=timeout, env=env)
 
 
 _SHARED = {}

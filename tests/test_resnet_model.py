@@ -4,10 +4,22 @@ import re
 import numpy as np
 import tensorflow as tf
 
+from official_resnet.keras_generation import KERAS
 from official_resnet.model import resnet
+from tftorus.stack import variable_name
 
 RESNET50_TRAINABLE = 25_557_032  # the published ResNet-50 (1000 classes, no conv biases)
 EXCLUDE_FROM_DECAY = re.compile(r"_bn|bias")  # what LARS / weight decay skip by name
+
+
+def name(variable) -> str:
+    """'layer/weight' on both stacks (Keras 2's name 'layer/weight:0', Keras 3's path)."""
+    return variable_name(variable).removesuffix(":0")
+
+
+def output_shape(layer):
+    """A layer's output shape as a tuple (Keras 3 layers have no `output_shape`)."""
+    return tuple(layer.output.shape)
 
 
 def tiny(**kwargs):
@@ -44,31 +56,32 @@ class ResNet50AgainstKerasTest(tf.test.TestCase):
         self.assertLen(weighted, 53 + 53 + 1)  # convs, BNs, predictions
         for keras_layer in weighted:
             self.assertIn(keras_layer.name, ours)
-            our_shapes = {w.name: w.shape for w in ours[keras_layer.name].weights}
+            our_shapes = {name(w): tuple(w.shape) for w in ours[keras_layer.name].weights}
             for w in keras_layer.weights:
-                if w.name.endswith("_conv/bias:0"):
-                    self.assertNotIn(w.name, our_shapes)  # no conv biases (see above)
+                if name(w).endswith("_conv/bias"):
+                    self.assertNotIn(name(w), our_shapes)  # no conv biases (see above)
                 else:
-                    self.assertEqual(our_shapes[w.name], w.shape, w.name)
+                    self.assertEqual(our_shapes[name(w)], tuple(w.shape), name(w))
         self.assertEqual(len([n for n in ours if n.endswith("_bn")]), 53)
 
     def test_name_regex_selects_bn_and_bias_only(self):
-        excluded = [v.name for v in self.ours.trainable_variables
-                    if EXCLUDE_FROM_DECAY.search(v.name)]
+        excluded = [name(v) for v in self.ours.trainable_variables
+                    if EXCLUDE_FROM_DECAY.search(name(v))]
         self.assertLen(excluded, 2 * 53 + 1)  # gamma and beta of 53 BNs, the classifier's bias
-        self.assertIn("predictions/bias:0", excluded)
-        self.assertIn("conv2_block1_0_bn/gamma:0", excluded)
-        self.assertNotIn("predictions/kernel:0", excluded)
-        self.assertNotIn("conv1_conv/kernel:0", excluded)
+        self.assertIn("predictions/bias", excluded)
+        self.assertIn("conv2_block1_0_bn/gamma", excluded)
+        self.assertNotIn("predictions/kernel", excluded)
+        self.assertNotIn("conv1_conv/kernel", excluded)
 
     def test_bn_settings(self):
         bn = self.ours.get_layer("conv3_block2_2_bn")
         self.assertEqual((bn.epsilon, bn.momentum), (1e-5, 0.9))
 
     def test_standard_shapes(self):
-        self.assertEqual(self.ours.output_shape, (None, 1000))
-        self.assertEqual(self.ours.get_layer("pool1_pool").output_shape, (None, 56, 56, 64))
-        self.assertEqual(self.ours.get_layer("conv5_block3_out").output_shape, (None, 7, 7, 2048))
+        self.assertEqual(tuple(self.ours.output_shape), (None, 1000))
+        self.assertEqual(output_shape(self.ours.get_layer("pool1_pool")), (None, 56, 56, 64))
+        self.assertEqual(output_shape(self.ours.get_layer("conv5_block3_out")),
+                         (None, 7, 7, 2048))
 
 
 class ResNetBuilderTest(tf.test.TestCase):
@@ -92,7 +105,7 @@ class ResNetBuilderTest(tf.test.TestCase):
         x = tf.random.normal([2, 16, 16, 64])
         shortcut_only = tf.keras.Model(
             model.get_layer("conv3_block1_out").output,
-            tf.nn.relu(model.get_layer("conv4_block1_0_bn").output))
+            tf.keras.layers.ReLU()(model.get_layer("conv4_block1_0_bn").output))
         self.assertAllClose(block(x, training=False), shortcut_only(x, training=False))
 
     def test_v1_5_stride_on_3x3(self):
@@ -103,8 +116,8 @@ class ResNetBuilderTest(tf.test.TestCase):
             self.assertEqual(model.get_layer(name + "_2_conv").strides, (2, 2))
             self.assertEqual(model.get_layer(name + "_0_conv").strides, (2, 2))
         self.assertEqual(model.get_layer("conv2_block1_2_conv").strides, (1, 1))
-        self.assertEqual(model.get_layer("conv3_block1_1_conv").output_shape, (None, 32, 32, 16))
-        self.assertEqual(model.get_layer("conv3_block1_2_conv").output_shape, (None, 16, 16, 16))
+        self.assertEqual(output_shape(model.get_layer("conv3_block1_1_conv")), (None, 32, 32, 16))
+        self.assertEqual(output_shape(model.get_layer("conv3_block1_2_conv")), (None, 16, 16, 16))
 
         v1 = tiny(stride_on_3x3=False)  # Keras' layout, same variables
         self.assertEqual(v1.get_layer("conv3_block1_1_conv").strides, (2, 2))
@@ -129,15 +142,15 @@ class ResNetBuilderTest(tf.test.TestCase):
         expected = {"conv1_relu": 32, "conv2_block1_out": 32, "conv3_block1_out": 16,
                     "conv4_block1_out": 8, "conv5_block1_out": 4}
         for name, side in expected.items():
-            self.assertEqual(model.get_layer(name).output_shape[1:3], (side, side), name)
+            self.assertEqual(output_shape(model.get_layer(name))[1:3], (side, side), name)
         out = model(tf.zeros([2, 32, 32, 3]), training=False)
         self.assertEqual(out.shape, (2, 10))
 
     def test_imagenet_stem_on_small_images(self):
         model = tiny(small_inputs=False, input_shape=(64, 64, 3))
-        self.assertEqual(model.get_layer("conv1_conv").output_shape, (None, 32, 32, 8))
-        self.assertEqual(model.get_layer("pool1_pool").output_shape, (None, 16, 16, 8))
-        self.assertEqual(model.get_layer("conv5_block1_out").output_shape, (None, 2, 2, 256))
+        self.assertEqual(output_shape(model.get_layer("conv1_conv")), (None, 32, 32, 8))
+        self.assertEqual(output_shape(model.get_layer("pool1_pool")), (None, 16, 16, 8))
+        self.assertEqual(output_shape(model.get_layer("conv5_block1_out")), (None, 2, 2, 256))
 
     def test_outputs_are_logits(self):
         model = tiny(zero_init_residual=False)
@@ -161,12 +174,13 @@ class ResNetBuilderTest(tf.test.TestCase):
         images = tf.random.normal([4, 32, 32, 3])
         labels = tf.constant([0, 1, 2, 3])
         optimizer = tf.keras.mixed_precision.LossScaleOptimizer(tf.keras.optimizers.SGD(0.1))
+        KERAS.build_optimizer(optimizer, model.trainable_variables)  # Keras 3: its scale
         with tf.GradientTape() as tape:
             logits = model(images, training=True)
             loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(
                 labels, logits, from_logits=True))
-            scaled = optimizer.get_scaled_loss(loss)
-        grads = optimizer.get_unscaled_gradients(tape.gradient(scaled, model.trainable_variables))
+            scaled = KERAS.scale_loss(optimizer, loss)
+        grads = KERAS.unscale(optimizer, tape.gradient(scaled, model.trainable_variables))
         self.assertEqual(logits.dtype, tf.float32)
         self.assertTrue(np.isfinite(loss.numpy()))
         self.assertTrue(all(g.dtype == tf.float32 for g in grads))

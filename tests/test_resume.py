@@ -1,7 +1,9 @@
 """Checkpoints and resume (issue 6): atomic, verified checkpoints; a stopped and resumed run
 equals an uninterrupted one; a new world size at a phase boundary; a foreign model_dir refused.
 
-The multi-process tests run run_scripts/train.py under horovodrun on a small generated set."""
+The multi-process tests run run_scripts/train.py under horovodrun (the current stack: tftorus'
+local launcher) on a small generated set."""
+import dataclasses
 import json
 import os
 import shutil
@@ -13,6 +15,7 @@ import tensorflow as tf
 from flags.config import TrainConfig
 from official_resnet.experiments import get_experiment
 from official_resnet import checkpointing, embedded_data
+from official_resnet.keras_generation import KERAS
 from official_resnet.schedules import Schedule
 from tests import harness
 
@@ -40,14 +43,13 @@ def history(model_dir):
 
 class ResumeRunsTest(harness.EmbeddedDataCase, tf.test.TestCase):
     SPEC = SPEC
-    """Real processes under horovodrun."""
+    """Real processes under horovodrun (the current stack: python -m tftorus.run)."""
 
 
     def train(self, model_dir, *flags, np_=2, timeout=420):
         args = [TRAIN, f"--flagfile={FLAGFILE}", f"--data_dir={self.data}",
                 f"--model_dir={model_dir}", "--bn_stat_batches=1", *flags]
-        result = harness.run(args, np=np_, timeout=timeout)
-        return result
+        return harness.run_world(args, np_, timeout=timeout)  # horovodrun, or tftorus.run
 
     def test_stop_and_resume_equals_uninterrupted(self):
         straight, stopped = (os.path.join(self.tmp, n) for n in ("straight", "stopped"))
@@ -118,7 +120,7 @@ class ResumeRunsTest(harness.EmbeddedDataCase, tf.test.TestCase):
         self.assertEqual(result.returncode, 0, harness.describe(result))
         listing = sorted(os.listdir(os.path.join(model_dir, "checkpoints")))
         result = self.train(model_dir, "--exp=2", "--epochs=2", np_=4, timeout=300)
-        self.assertNotEqual(result.returncode, 0, harness.describe(result))  # horovodrun: 1
+        self.assertNotEqual(result.returncode, 0, harness.describe(result))  # the launcher's
         self.assertIn("error: checkpoint", result.output)
         self.assertNotIn("Traceback (most recent call last):\n  File \"" + TRAIN, result.output)
         self.assertIn("the world size may change only at a phase boundary", result.output)
@@ -279,19 +281,38 @@ class CheckpointFilesTest(tf.test.TestCase):
             grads = tape.gradient(loss, model.trainable_variables)
             opt.apply_gradients(zip(grads, model.trainable_variables))
         steps.assign(3)
-        opt.loss_scale.assign(1024.0) if hasattr(opt.loss_scale, "assign") else None
+        scale = opt.dynamic_scale if hasattr(opt, "dynamic_scale") else opt.loss_scale  # 3, 2
+        scale.assign(1024.0) if hasattr(scale, "assign") else None
         path = checkpointing.CheckpointWriter(ckpt, self.dir).save(
             checkpointing.CheckpointState(epoch=1.0, phase=0, world_size=1, total_batch=2))
         model2, lars2, opt2, steps2, ckpt2 = make()
-        checkpointing.restore(ckpt2, path, optimizers=[lars2],
+        checkpointing.restore(ckpt2, path, optimizers=[opt2],
                               variables=model2.trainable_variables)
         self.assertEqual(int(steps2.numpy()), 3)
         self.assertEqual(int(lars2.iterations.numpy()), int(lars.iterations.numpy()))
-        self.assertEqual(float(opt2.loss_scale), float(opt.loss_scale))
+        self.assertEqual(KERAS.loss_scale(opt2), KERAS.loss_scale(opt))
         for v, v2 in zip(model.trainable_variables, model2.trainable_variables):
             self.assertAllEqual(v, v2)
             self.assertAllEqual(lars.velocity(v), lars2.velocity(v2))
             self.assertGreater(float(tf.reduce_sum(tf.abs(lars2.velocity(v2)))), 0.0)
+        for a, b in zip(opt.variables, opt2.variables):  # every slot, the scale, iterations
+            self.assertAllEqual(a, b)
+
+    def test_a_checkpoint_of_the_other_keras_generation_is_refused(self):
+        path = self.save(1)
+        state = checkpointing.verify(path)
+        with open(os.path.join(path, "state.json")) as f:
+            saved = json.load(f)
+        del saved["keras"]  # a checkpoint from before the field: Keras 2 wrote it
+        self.assertEqual(checkpointing.CheckpointState.from_dict(saved).keras, 2)
+        mine = dataclasses.replace(state, keras=KERAS.generation)
+        checkpointing.check_generation(mine, path)  # its own: no error
+        other = dataclasses.replace(state, keras=5 - KERAS.generation)
+        with self.assertRaisesRegex(checkpointing.CheckpointError,
+                                    f"checkpoint {path} was written by Keras {other.keras} .*"
+                                    f"this is {KERAS.name} .*resume it on the stack that wrote "
+                                    f"it \\(TFTORUS_STACK\\), or start a new run"):
+            checkpointing.check_generation(other, path)
 
     def test_config_mismatch_names_the_flags_and_overwrites_nothing(self):
         config = {"exp": "2", "epochs": 3.0, "seed": 0, "depth": 14, "grid": "auto",

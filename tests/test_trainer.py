@@ -13,6 +13,7 @@ from absl.testing import flagsaver
 from flags import config as flag_config
 from official_resnet import batch_plan, checkpointing, embedded_data, trainer
 from official_resnet.callbacks import Evaluation, LRMomentumSchedule
+from official_resnet.keras_generation import KERAS
 from official_resnet.run_callbacks import (CheckpointSaver, EpochLogger, NonFiniteSteps,
                                            RunProgress, StopAtEpoch)
 from official_resnet.workers import Workers
@@ -126,6 +127,12 @@ class TrainerTest(harness.EmbeddedDataCase, tf.test.TestCase):
         self.assertEqual(int(state2.samples_seen.numpy()), 432)
         for a, b in zip(model.variables, model2.variables):
             self.assertAllEqual(a, b)
+        # the optimizer's too, bit for bit: LARS' velocities, LR, momentum and iterations
+        self.assertLen(model2.optimizer.variables, len(model.optimizer.variables))
+        for a, b in zip(model.optimizer.variables, model2.optimizer.variables):
+            self.assertAllEqual(a, b)
+        self.assertEqual(int(model2.optimizer.iterations.numpy()), 2)
+        self.assertEqual(saved.keras, KERAS.generation)
 
 
 if __name__ == "__main__":

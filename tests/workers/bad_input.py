@@ -1,10 +1,10 @@
 """Worker: one kind of bad input per run; it must raise a clear error on every rank, never hang.
 
     horovodrun --gloo -np 4 -H localhost:4 python tests/workers/bad_input.py MODE
+    python -m tftorus.run -np 4 tests/workers/bad_input.py MODE      # the current stack
 """
 import sys
 
-import horovod.tensorflow as horovod
 import tensorflow as tf
 
 import tftorus
@@ -13,6 +13,7 @@ import tftorus.keras
 
 def main(mode):
     if mode == "hvd_init_only":  # plain hvd.init(): Horovod has no row/column process sets
+        import horovod.tensorflow as horovod  # the classic stack's alone
         horovod.init()
         tftorus.keras.DistributedOptimizer(tf.keras.optimizers.SGD())
         return
