@@ -11,12 +11,13 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from typing import Callable, NamedTuple, Sequence, Tuple
+
+from tftorus.run import free_ports  # noqa: F401  (the launcher's; tests call harness.free_ports)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKERS = os.path.join(ROOT, "tests", "workers")
@@ -201,18 +202,6 @@ def suite_report(result: Result, name: str, np: int, names: Sequence[str]) -> st
     return ""
 
 
-def free_ports(count: int):
-    """Ports free right now on the loopback interface (held together, so all distinct)."""
-    socks = [socket.socket() for _ in range(count)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def run_tf_config(argv: Sequence[str], np: int, timeout: float = 300.0, env=None) -> Result:
     """Run `python argv...` as `np` plain local processes, each with a TF_CONFIG naming all of
     them on loopback (rank = task index). returncode: 0 if every process exited 0, else the
@@ -225,7 +214,8 @@ def run_tf_config(argv: Sequence[str], np: int, timeout: float = 300.0, env=None
 def run_ranks(argv: Sequence[str], np: int, env_of: Callable[[int], dict],
               timeout: float = 300.0) -> Result:
     """Run `python argv...` as `np` plain local processes, process i with the variables
-    `env_of(i)` (a launcher's: TF_CONFIG, Slurm's, Open MPI's). Result as run_tf_config's."""
+    `env_of(i)` (a launcher's: TF_CONFIG, Slurm's, Open MPI's; None removes one). Result as
+    run_tf_config's."""
     refuse_in_quick_tier()
     start = time.monotonic()
     procs, logs = [], []
@@ -235,7 +225,8 @@ def run_ranks(argv: Sequence[str], np: int, env_of: Callable[[int], dict],
             logs.append(log)
             procs.append(subprocess.Popen(
                 [sys.executable, *argv], stdout=log, stderr=subprocess.STDOUT, text=True,
-                cwd=ROOT, env={**_env(), **env_of(i)}, start_new_session=True))
+                cwd=ROOT, env={k: v for k, v in {**_env(), **env_of(i)}.items() if v is not None},
+                start_new_session=True))
         deadline = start + timeout
         while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
             time.sleep(0.2)

@@ -385,33 +385,7 @@ def _free_base(count: int) -> int:
 def run_each(envs, timeout=120.0):
     """The worker as one plain process per env (what srun or mpirun would start): the output
     of all, the status of each, the seconds."""
-    harness.refuse_in_quick_tier()
-    procs, logs, start = [], [], time.monotonic()
-    try:
-        for env in envs:
-            environ = {k: v for k, v in {**harness._env(), **_CLEAR, **env}.items()
-                       if v is not None}
-            log = tempfile.TemporaryFile("w+")
-            logs.append(log)
-            procs.append(subprocess.Popen([sys.executable, WORKER], stdout=log,
-                                          stderr=subprocess.STDOUT, text=True, cwd=harness.ROOT,
-                                          env=environ, start_new_session=True))
-        while any(p.poll() is None for p in procs) and time.monotonic() < start + timeout:
-            time.sleep(0.2)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
-    output = []
-    for i, log in enumerate(logs):
-        log.seek(0)
-        output.append(f"----- process {i} (exit {procs[i].returncode}) -----\n{log.read()}")
-        log.close()
-    return harness.Result(next((p.returncode for p in procs if p.returncode), 0),
-                          "\n".join(output), time.monotonic() - start,
-                          time.monotonic() - start >= timeout,
-                          tuple(p.returncode for p in procs))
+    return harness.run_ranks([WORKER], len(envs), lambda i: {**_CLEAR, **envs[i]}, timeout)
 
 
 class SchedulerEnvironmentTest(tf.test.TestCase):
