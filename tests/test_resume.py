@@ -46,17 +46,22 @@ class ResumeRunsTest(harness.EmbeddedDataCase, tf.test.TestCase):
     """Real processes under horovodrun (the current stack: python -m tftorus.run)."""
 
 
-    def train(self, model_dir, *flags, np_=2, timeout=420):
+    def train(self, model_dir, *flags, np_=2, timeout=420, bit_exact=False):
         args = [TRAIN, f"--flagfile={FLAGFILE}", f"--data_dir={self.data}",
                 f"--model_dir={model_dir}", "--bn_stat_batches=1", *flags]
-        return harness.run_world(args, np_, timeout=timeout)  # horovodrun, or tftorus.run
+        # TensorFlow 2.21 on 2 workers: two identical runs differed in the last bits of a few
+        # early-layer weights in 2 of 3 tries (a run alone, or two alone at once, never did;
+        # with one intra-op thread per worker never): its CPU kernels' threading, with the
+        # collectives overlapping the backward pass. Bit-for-bit comparisons take one thread.
+        env = {"TF_NUM_INTRAOP_THREADS": "1"} if bit_exact and not harness.HOROVOD else None
+        return harness.run_world(args, np_, timeout=timeout, env=env)  # horovodrun, tftorus.run
 
     def test_stop_and_resume_equals_uninterrupted(self):
         straight, stopped = (os.path.join(self.tmp, n) for n in ("straight", "stopped"))
         flags = ["--exp=2", "--epochs=2"]
-        result = self.train(straight, *flags)
+        result = self.train(straight, *flags, bit_exact=True)
         self.assertEqual(result.returncode, 0, harness.describe(result))
-        result = self.train(stopped, *flags, "--stop_at_epoch=1")
+        result = self.train(stopped, *flags, "--stop_at_epoch=1", bit_exact=True)
         self.assertEqual(result.returncode, 0, harness.describe(result))
         self.assertIn("stopping after epoch", result.output)
         _, state = final_checkpoint(stopped)
@@ -64,7 +69,7 @@ class ResumeRunsTest(harness.EmbeddedDataCase, tf.test.TestCase):
         self.assertEqual(state.phase, 1)  # inside phase 2: the input position matters
         self.assertFalse(state.phase_boundary)
         self.assertGreater(state.input_batches_in_phase, 0)
-        result = self.train(stopped, *flags)  # --resume=auto is the default
+        result = self.train(stopped, *flags, bit_exact=True)  # --resume=auto is the default
         self.assertEqual(result.returncode, 0, harness.describe(result))
         self.assertIn("resumed at epoch", result.output)
         a_path, a_state = final_checkpoint(straight)
