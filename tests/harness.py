@@ -18,6 +18,8 @@ import time
 from typing import Callable, NamedTuple, Sequence, Tuple
 
 from tftorus.run import free_ports  # noqa: F401  (the launcher's; tests call harness.free_ports)
+import random
+import socket
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKERS = os.path.join(ROOT, "tests", "workers")
@@ -211,11 +213,36 @@ def run_tf_config(argv: Sequence[str], np: int, timeout: float = 300.0, env=None
         {"cluster": {"worker": workers}, "task": {"type": "worker", "index": i}})}, timeout)
 
 
+def free_port_base(count: int) -> int:
+    """A base port with `count` consecutive ports free right now, for launchers whose ranks
+    listen on base + local rank (srun, mpirun). Drawn below Linux's ephemeral range (32768+),
+    where the ports of outgoing connections, other tests' included, would take base + i."""
+    for _ in range(200):
+        base = random.randint(10000, 32000 - count)
+        socks = []
+        try:
+            for port in range(base, base + count):
+                socks.append(socket.socket())
+                socks[-1].bind(("", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError(f"no {count} consecutive free ports found in 10000..32000")
+
+
+# How long the other ranks may go on once one has failed: a peer stuck in a rendezvous with
+# a dead rank would otherwise hold the test for its whole timeout.
+AFTER_A_FAILURE = 30.0
+
+
 def run_ranks(argv: Sequence[str], np: int, env_of: Callable[[int], dict],
               timeout: float = 300.0) -> Result:
     """Run `python argv...` as `np` plain local processes, process i with the variables
     `env_of(i)` (a launcher's: TF_CONFIG, Slurm's, Open MPI's; None removes one). Result as
-    run_tf_config's."""
+    run_tf_config's; once a process fails, the rest get AFTER_A_FAILURE seconds."""
     refuse_in_quick_tier()
     start = time.monotonic()
     procs, logs = [], []
@@ -229,6 +256,8 @@ def run_ranks(argv: Sequence[str], np: int, env_of: Callable[[int], dict],
                 start_new_session=True))
         deadline = start + timeout
         while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+            if any(p.poll() not in (None, 0) for p in procs):
+                deadline = min(deadline, time.monotonic() + AFTER_A_FAILURE)
             time.sleep(0.2)
         timed_out = any(p.poll() is None for p in procs)
     finally:

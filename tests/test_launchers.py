@@ -10,10 +10,8 @@ given srun's variables, and mpirun's (one host with fixed ports, and "across hos
 rendezvous).
 """
 import os
-import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -364,22 +362,6 @@ class LocalLauncherTest(tf.test.TestCase):
                 proc.wait()
 
 
-def _free_base(count: int) -> int:
-    """A base port with `count` consecutive ports free (on every interface) right now."""
-    for _ in range(100):
-        base = random.randint(20000, 60000 - count)
-        socks = []
-        try:
-            for port in range(base, base + count):
-                socks.append(socket.socket())
-                socks[-1].bind(("", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError(f"no {count} consecutive free ports found")
 
 
 def run_each(envs, timeout=120.0):
@@ -392,7 +374,7 @@ class SchedulerEnvironmentTest(tf.test.TestCase):
     """3 plain processes, each given the variables srun or mpirun would give it."""
 
     def test_srun_variables(self):
-        base = _free_base(3)
+        base = harness.free_port_base(3)
         result = run_each([dict(SLURM_PROCID=str(r), SLURM_NTASKS="3", SLURM_LOCALID=str(r),
                                 SLURM_JOB_NODELIST="localhost", SLURM_TASKS_PER_NODE="3",
                                 TFTORUS_TF_PORT=str(base)) for r in range(3)])
@@ -402,7 +384,7 @@ class SchedulerEnvironmentTest(tf.test.TestCase):
                       f"127.0.0.1:{base + 2} sum", result.output)
 
     def test_mpirun_variables_one_host(self):
-        base = _free_base(3)
+        base = harness.free_port_base(3)
         result = run_each([{**{k: str(v) for k, v in mpirun(r, 3, r, 3).items()},
                             "TFTORUS_TF_PORT": str(base)} for r in range(3)])
         self.assertEqual(result.returncodes, (0, 0, 0), harness.describe(result))

@@ -85,7 +85,7 @@ class LaunchWithoutHorovodTest(UserFitCase):
 
     def test_slurm_srun_environment(self):
         out = tempfile.mkdtemp(prefix="tftorus-user-fit-slurm-")
-        base = harness.free_ports(1)[0]  # ranks listen on base + local rank
+        base = harness.free_port_base(WORKERS)  # ranks listen on base + local rank
         self.check(harness.run_ranks(self.argv(out), WORKERS, lambda rank: {
             "TFTORUS_ENGINE": "tf", "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank),
             "SLURM_NTASKS": str(WORKERS), "SLURM_STEP_NODELIST": "localhost",
@@ -94,7 +94,7 @@ class LaunchWithoutHorovodTest(UserFitCase):
 
     def test_open_mpi_mpirun_environment(self):
         out = tempfile.mkdtemp(prefix="tftorus-user-fit-mpirun-")
-        base = harness.free_ports(1)[0]
+        base = harness.free_port_base(WORKERS)
         self.check(harness.run_ranks(self.argv(out), WORKERS, lambda rank: {
             "TFTORUS_ENGINE": "tf", "OMPI_COMM_WORLD_RANK": str(rank),
             "OMPI_COMM_WORLD_SIZE": str(WORKERS), "OMPI_COMM_WORLD_LOCAL_RANK": str(rank),
