@@ -3,12 +3,18 @@
     python run_scripts/run_experiment.py --exp=2 --gpus_per_phase=paper --data_dir=/imagenet \
         -- -H node001:4,node002:4,... [more horovodrun options]
 
-Flags before `--` are run_scripts/train.py's; what follows `--` goes to horovodrun (hosts,
---gloo or --mpi, ...; not -np). Each run of consecutive phases on the same number of workers is
-one `horovodrun -np W ... python run_scripts/train.py ...`: train.py stops at the boundary after
-them with a phase-boundary checkpoint, and the next launch resumes from it on its own count
-(Exp. 2 with --gpus_per_phase=paper: 3456 workers at 16 images each for epochs 1-30, then 1728
-at 32). Run the same command again after a failure: it starts at the phase the run stands in.
+Flags before `--` are run_scripts/train.py's; what follows `--` goes to the launcher (not -np).
+Each run of consecutive phases on the same number of workers is one launch of
+run_scripts/train.py on W workers: train.py stops at the boundary after them with a
+phase-boundary checkpoint, and the next launch resumes from it on its own count (Exp. 2 with
+--gpus_per_phase=paper: 3456 workers at 16 images each for epochs 1-30, then 1728 at 32). Run
+the same command again after a failure: it starts at the phase the run stands in.
+
+The launcher is the stack's: `horovodrun -np W ...` where Horovod is installed (the classic
+stack; options after `--` are horovodrun's: hosts, --gloo or --mpi, ...), else tftorus' local
+launcher `python -m tftorus.run -np W ...` on this machine (the current stack; options after
+`--` are its --port and --grace). Without Horovod a host list is refused: on a cluster the
+scheduler starts each phase's processes (TF_CONFIG, srun, mpirun: docs/launching.md).
 """
 import os
 import shutil
@@ -77,6 +83,49 @@ def hosts_for(hvd_args: List[str], count: int) -> List[str]:
     return ["-H", ",".join(slots), *out]
 
 
+# the local launcher's options that may follow `--` without Horovod (each takes a value)
+LOCAL_OPTIONS = {"--port": int, "--grace": float}
+HOST_OPTIONS = ("-H", "--hosts", "-hostfile", "--hostfile", "--host-discovery-script")
+
+
+def local_options(options: List[str]) -> List[str]:
+    """The options after `--` as `python -m tftorus.run` takes them, on a stack without
+    Horovod: its --port BASE and --grace SECONDS. A host list, or any other (horovodrun's)
+    option, raises ValueError saying what to do instead."""
+    hosts = [a.partition("=")[0] for a in options if a.partition("=")[0] in HOST_OPTIONS]
+    if hosts:
+        raise ValueError(
+            f"{hosts[0]}: this stack has no Horovod, so each phase runs on this machine under "
+            f"`python -m tftorus.run -np W`, which takes no host list; across hosts, launch "
+            f"run_scripts/train.py per phase with TF_CONFIG, srun or mpirun "
+            f"(docs/launching.md), or use the classic stack's horovodrun")
+    out, i = [], 0
+    while i < len(options):
+        name, eq, value = options[i].partition("=")
+        if name not in LOCAL_OPTIONS:
+            raise ValueError(
+                f"{options[i]}: this stack has no Horovod, so options after `--` go to "
+                f"`python -m tftorus.run`, which takes only --port BASE and --grace SECONDS")
+        if not eq:
+            i += 1
+            value = options[i] if i < len(options) else ""
+        try:
+            LOCAL_OPTIONS[name](value)
+        except ValueError:
+            raise ValueError(f"{name} needs a number, got {value!r}") from None
+        out += [name, value]
+        i += 1
+    return out
+
+
+def launcher(count: int, options: List[str], horovod: bool) -> List[str]:
+    """The command that starts `count` workers, up to the script: horovodrun with the hosts cut
+    to `count` slots, or (no Horovod) the local launcher; `options`: those after `--`."""
+    if horovod:
+        return [horovodrun(), "-np", str(count), *hosts_for(options, count), sys.executable]
+    return [sys.executable, "-m", "tftorus.run", "-np", str(count), *local_options(options)]
+
+
 def horovodrun() -> str:
     beside = os.path.join(os.path.dirname(sys.executable), "horovodrun")
     found = beside if os.path.exists(beside) else shutil.which("horovodrun")
@@ -86,26 +135,31 @@ def horovodrun() -> str:
 
 
 def main(argv: List[str]) -> int:
-    train_args, hvd_args = split_argv(argv[1:])
-    if any(a in ("-np", "--num-proc") or a.startswith(("-np=", "--num-proc=")) for a in hvd_args):
-        print("error: the launcher sets -np per phase; leave it out of the horovodrun options",
-              file=sys.stderr)
+    train_args, launcher_args = split_argv(argv[1:])
+    if any(a in ("-np", "--num-proc") or a.startswith(("-np=", "--num-proc="))
+           for a in launcher_args):
+        print("error: run_experiment.py sets -np per phase; leave it out of the options after "
+              "`--`", file=sys.stderr)
         return 2
+    from tftorus import stack  # here: it imports TensorFlow
     define_flags()
     absl_flags.FLAGS([argv[0], *train_args])
     try:
         spec = resolve_run(absl_flags.FLAGS)
         config, experiment = spec.config, spec.experiment
         if spec.fixed and not absl_flags.FLAGS.num_workers:
+            direct = "horovodrun -np W" if stack.HOROVOD else "python -m tftorus.run -np W"
             raise ValueError("every phase on one world size (--gpus_per_phase=fixed) needs no "
-                             "launcher: use horovodrun -np W directly, or give --num_workers=W; "
+                             f"launcher: use {direct} directly, or give --num_workers=W; "
                              "for Table 3's counts, pass --gpus_per_phase=paper")
         workers = spec.workers(absl_flags.FLAGS.num_workers)
         from official_resnet import checkpointing  # here: it starts TensorFlow
         found = checkpointing.find_resume(config.resume, config.model_dir)
         start = checkpointing.phase_to_run(found[1] if found else None)  # where the run stands
         groups = launches(workers)
-        placements = {count: hosts_for(hvd_args, count) for count, _, _ in groups}  # all now
+        # every launch's command now: a wrong option fails before the first launch
+        launchers = {count: launcher(count, launcher_args, stack.HOROVOD)
+                     for count, _, _ in groups}
     except (OSError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -117,7 +171,7 @@ def main(argv: List[str]) -> int:
         # later launches continue from the boundary checkpoint whatever --resume said
         args = train_args + (["--resume=auto"] if launched else [])
         launched = True
-        cmd = [horovodrun(), "-np", str(count), *placements[count], sys.executable, TRAIN, *args]
+        cmd = [*launchers[count], TRAIN, *args]
         print(f"[run_experiment] {experiment.name}, {phases} on {count} workers:\n  "
               + " ".join(cmd), flush=True)
         status = subprocess.call(cmd)

@@ -1,9 +1,12 @@
 """Issue 15, train.py at the paper's scale: the plan mode against Table 3, the card's command
 without data, and Table 3's GPU counts per phase run through run_scripts/run_experiment.py
-(4 workers at 16 images each, then 2 at 32, as Exp. 2 goes from 3456 GPUs to 1728)."""
+(4 workers at 16 images each, then 2 at 32, as Exp. 2 goes from 3456 GPUs to 1728), each phase
+under horovodrun on the classic stack and under `python -m tftorus.run` on the current one."""
+import importlib.util
 import json
 import os
 import re
+import sys
 import tempfile
 
 import tensorflow as tf
@@ -100,6 +103,37 @@ class CardCommandTest(tf.test.TestCase):
         self.assertEqual(os.path.exists(os.path.join(harness.ROOT, "runs", "exp2")), before)
 
 
+def load_launcher():
+    """run_scripts/run_experiment.py as a module (run_scripts is no package)."""
+    spec = importlib.util.spec_from_file_location("run_experiment", LAUNCHER)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class LauncherCommandTest(tf.test.TestCase):
+    """run_experiment.py's launch of a phase, without starting one: without Horovod, tftorus'
+    local launcher with its own options; a host list refused in one line naming what to use."""
+
+    def test_without_horovod_each_phase_runs_under_the_local_launcher(self):
+        launcher = load_launcher()
+        self.assertEqual(launcher.launcher(4, [], horovod=False),
+                         [sys.executable, "-m", "tftorus.run", "-np", "4"])
+        self.assertEqual(launcher.launcher(2, ["--port=9100", "--grace", "3"], horovod=False),
+                         [sys.executable, "-m", "tftorus.run", "-np", "2", "--port", "9100",
+                          "--grace", "3"])
+        for options in (["-H", "node001:4,node002:4"], ["--hostfile=hosts.txt"],
+                        ["--gloo", "--hosts", "localhost:4"]):
+            with self.assertRaisesRegex(ValueError, r"^(-H|--hostfile|--hosts): this stack has "
+                                        r"no Horovod.*python -m tftorus.run -np W.*no host list.*"
+                                        r"TF_CONFIG, srun or mpirun \(docs/launching.md\)"):
+                launcher.launcher(4, options, horovod=False)
+        with self.assertRaisesRegex(ValueError, r"^--gloo: .*only --port BASE and --grace"):
+            launcher.launcher(4, ["--gloo"], horovod=False)
+        with self.assertRaisesRegex(ValueError, r"^--port needs a number, got 'x'"):
+            launcher.launcher(4, ["--port", "x"], horovod=False)
+
+
 def history(model_dir):
     with open(os.path.join(model_dir, "history.jsonl")) as f:
         return [json.loads(line) for line in f]
@@ -128,8 +162,9 @@ class PerPhaseWorkersTest(harness.EmbeddedDataCase, tf.test.TestCase):
 
     def test_launcher_runs_each_phase_on_its_own_count(self):
         model_dir = os.path.join(self.tmp, "launched")
-        result = harness.run([LAUNCHER, *self.flags(model_dir), "--", "--gloo", "-H",
-                              "localhost:4"], timeout=900)
+        # horovodrun's options on the classic stack; the current one launches on this machine
+        hosts = ["--", "--gloo", "-H", "localhost:4"] if harness.HOROVOD else []
+        result = harness.run([LAUNCHER, *self.flags(model_dir), *hosts], timeout=900)
         self.assertEqual(result.returncode, 0, harness.describe(result))
         self.assertIn("[run_experiment] Exp. 2, phase 1 on 4 workers", result.output)
         self.assertIn("[run_experiment] Exp. 2, phase 2 on 2 workers", result.output)
@@ -153,11 +188,24 @@ class PerPhaseWorkersTest(harness.EmbeddedDataCase, tf.test.TestCase):
         kept = [(s.phase, s.world_size, s.phase_boundary) for s in states]
         self.assertEqual((kept[0], kept[-1]), ((0, 4, True), (1, 2, True)), kept)
         self.assertTrue(os.path.exists(os.path.join(model_dir, "summary.json")))
-        # run again: nothing left to launch
-        again = harness.run([LAUNCHER, *self.flags(model_dir), "--", "--gloo"], timeout=120)
+        # run again: nothing left to launch; without Horovod a host list is refused, in one line
+        argvs = [[LAUNCHER, *self.flags(model_dir), *hosts[:2]]]
+        if not harness.HOROVOD:
+            argvs.append([LAUNCHER, *self.flags(model_dir), "--", "-H", "node001:4,node002:4"])
+        again, *refused = harness.run_many(argvs, timeout=120)
         self.assertEqual(again.returncode, 0, harness.describe(again))
         self.assertIn("every phase done", again.output)
         self.assertNotIn("workers:\n", again.output)
+        for result in refused:
+            self.assertEqual(result.returncode, 2, harness.describe(result))
+            errors = [l for l in result.output.splitlines() if l.startswith("error:")]
+            self.assertEqual(errors, ["error: -H: this stack has no Horovod, so each phase runs "
+                                      "on this machine under `python -m tftorus.run -np W`, "
+                                      "which takes no host list; across hosts, launch "
+                                      "run_scripts/train.py per phase with TF_CONFIG, srun or "
+                                      "mpirun (docs/launching.md), or use the classic stack's "
+                                      "horovodrun"], result.output)
+            self.assertNotIn("workers:\n", result.output)
 
 
 if __name__ == "__main__":
