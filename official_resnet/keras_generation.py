@@ -29,6 +29,11 @@ Where they differ, and why the recipe does what it does on each:
                     them once). Keras 3: `build` creates new variables on every call, so it is
                     called once, on the LossScaleOptimizer when there is one (its scale and
                     counter too).
+  BatchNormalization  Keras 2's runs TensorFlow's fused kernel (FusedBatchNormV3); Keras 3's
+                    computes moments and normalises in about ten small ops, twice as slow per BN
+                    on CPU. The recipe's model takes `KERAS.batch_normalization()`: Keras 2's own
+                    layer, or on Keras 3 official_resnet/fused_batch_norm.py's subclass with the
+                    fused kernel in training mode (same variables, names and results).
 """
 from typing import Callable, List, Optional
 
@@ -92,6 +97,11 @@ class Keras2:
     @staticmethod
     def loss_scale(optimizer) -> float:
         return float(optimizer.loss_scale)
+
+    @staticmethod
+    def batch_normalization():
+        """The BN layer class of the recipe's model: Keras 2's, fused already."""
+        return tf.keras.layers.BatchNormalization
 
 
 class Keras3:
@@ -173,6 +183,13 @@ class Keras3:
     def loss_scale(optimizer) -> float:
         return float(optimizer.dynamic_scale.numpy() if optimizer.built
                      else optimizer.initial_scale)
+
+    @staticmethod
+    def batch_normalization():
+        """Keras 3's BN with TensorFlow's fused kernel in training mode (imported here only:
+        it subclasses Keras 3's layer)."""
+        from official_resnet.fused_batch_norm import FusedBatchNormalization
+        return FusedBatchNormalization
 
 
 KERAS = Keras3 if stack.KERAS_3 else Keras2

@@ -24,7 +24,9 @@ Choices, each a reading of the paper (see docs and /work/shared/reference/paper-
   starts as the identity (its shortcut) and the network as a shallow one. That keeps early
   activations and gradients small at the very large learning rates of large-batch training.
 - BN: epsilon 1e-5, momentum 0.9. The momentum barely matters: the statistics used for
-  evaluation are recomputed exactly from training batches (`bn_statistics.py`).
+  evaluation are recomputed exactly from training batches (`bn_statistics.py`). Training
+  normalises with TensorFlow's fused kernel on both Keras generations (Keras 3's own layer is
+  not fused; `fused_batch_norm.py` is Keras 3's layer with the fused kernel).
 - No weight decay in the model: it lives in the optimizer (LARS applies it inside the trust
   ratio, with the name-based exclusions above), so it is never applied twice or in FP16.
 - Mixed precision: under `tf.keras.mixed_precision.set_global_policy('mixed_float16')` every
@@ -34,6 +36,8 @@ Choices, each a reading of the paper (see docs and /work/shared/reference/paper-
 from typing import Dict, Optional, Sequence, Tuple
 
 import tensorflow as tf
+
+from official_resnet.keras_generation import KERAS
 
 layers = tf.keras.layers
 
@@ -70,31 +74,31 @@ def _conv(x, *, filters: int, kernel_size: int, strides: int, name: str):
                          kernel_initializer=conv_initializer(), name=name + "_conv")(x)
 
 
-def _bn(x, *, name: str, zero_gamma: bool = False):
-    return layers.BatchNormalization(
+def _bn(x, *, name: str, batch_norm: type, zero_gamma: bool = False):
+    return batch_norm(
         axis=-1, momentum=BN_MOMENTUM, epsilon=BN_EPSILON,
         gamma_initializer="zeros" if zero_gamma else "ones", name=name + "_bn")(x)
 
 
 def _bottleneck(x, *, filters: int, strides: int, stride_on_3x3: bool,
-                zero_init_residual: bool, name: str):
+                zero_init_residual: bool, batch_norm: type, name: str):
     """1x1 -> 3x3 -> 1x1 (4x filters), added to the shortcut, then ReLU."""
     out_filters = EXPANSION * filters
     if strides != 1 or x.shape[-1] != out_filters:
         shortcut = _conv(x, filters=out_filters, kernel_size=1, strides=strides, name=name + "_0")
-        shortcut = _bn(shortcut, name=name + "_0")
+        shortcut = _bn(shortcut, name=name + "_0", batch_norm=batch_norm)
     else:
         shortcut = x
     stride_1x1, stride_3x3 = (1, strides) if stride_on_3x3 else (strides, 1)
 
     y = _conv(x, filters=filters, kernel_size=1, strides=stride_1x1, name=name + "_1")
-    y = _bn(y, name=name + "_1")
+    y = _bn(y, name=name + "_1", batch_norm=batch_norm)
     y = layers.Activation("relu", name=name + "_1_relu")(y)
     y = _conv(y, filters=filters, kernel_size=3, strides=stride_3x3, name=name + "_2")
-    y = _bn(y, name=name + "_2")
+    y = _bn(y, name=name + "_2", batch_norm=batch_norm)
     y = layers.Activation("relu", name=name + "_2_relu")(y)
     y = _conv(y, filters=out_filters, kernel_size=1, strides=1, name=name + "_3")
-    y = _bn(y, name=name + "_3", zero_gamma=zero_init_residual)
+    y = _bn(y, name=name + "_3", batch_norm=batch_norm, zero_gamma=zero_init_residual)
 
     y = layers.Add(name=name + "_add")([shortcut, y])
     return layers.Activation("relu", name=name + "_out")(y)
@@ -103,7 +107,7 @@ def _bottleneck(x, *, filters: int, strides: int, stride_on_3x3: bool,
 def resnet(*, depth: int = 50, num_classes: int = 1000, width: int = STANDARD_WIDTH,
            input_shape: Sequence[Optional[int]] = (224, 224, 3), small_inputs: bool = False,
            zero_init_residual: bool = True, stride_on_3x3: bool = True,
-           name: Optional[str] = None) -> tf.keras.Model:
+           batch_norm: Optional[type] = None, name: Optional[str] = None) -> tf.keras.Model:
     """Builds a bottleneck ResNet returning FP32 logits of shape (batch, num_classes).
 
     Args:
@@ -117,6 +121,11 @@ def resnet(*, depth: int = 50, num_classes: int = 1000, width: int = STANDARD_WI
       zero_init_residual: start the last BN gamma of every residual block at zero.
       stride_on_3x3: True is v1.5 (our default); False puts a stage's stride-2 on the
         first 1x1 conv, the v1 layout of Keras' ResNet50 (for side-by-side benchmarks).
+      batch_norm: the BatchNormalization layer class; default the recipe's,
+        `keras_generation.KERAS.batch_normalization()`: Keras 2's own layer, or on Keras 3 a
+        subclass that trains with TensorFlow's fused kernel (Keras 3's own layer is unfused and
+        about twice as slow per BN on CPU). `tf.keras.layers.BatchNormalization` builds the model
+        with Keras' own layer (studies/benchmark_model.py compares the two).
       name: model name; default `resnet{depth}`.
     """
     if depth not in BLOCKS:
@@ -127,14 +136,15 @@ def resnet(*, depth: int = 50, num_classes: int = 1000, width: int = STANDARD_WI
     if len(input_shape) != 3:
         raise ValueError(f"input_shape must be (height, width, channels), got {input_shape}")
 
+    batch_norm = batch_norm or KERAS.batch_normalization()
     inputs = layers.Input(shape=tuple(input_shape), name="images")
     if small_inputs:
         x = _conv(inputs, filters=width, kernel_size=3, strides=1, name="conv1")
-        x = _bn(x, name="conv1")
+        x = _bn(x, name="conv1", batch_norm=batch_norm)
         x = layers.Activation("relu", name="conv1_relu")(x)
     else:
         x = _conv(inputs, filters=width, kernel_size=7, strides=2, name="conv1")
-        x = _bn(x, name="conv1")
+        x = _bn(x, name="conv1", batch_norm=batch_norm)
         x = layers.Activation("relu", name="conv1_relu")(x)
         x = layers.ZeroPadding2D(padding=1, name="pool1_pad")(x)
         x = layers.MaxPooling2D(pool_size=3, strides=2, name="pool1_pool")(x)
@@ -145,7 +155,7 @@ def resnet(*, depth: int = 50, num_classes: int = 1000, width: int = STANDARD_WI
             strides = 2 if stage > 0 and block == 0 else 1
             x = _bottleneck(x, filters=width * 2 ** stage, strides=strides,
                             stride_on_3x3=stride_on_3x3, zero_init_residual=zero_init_residual,
-                            name=f"conv{stage + 2}_block{block + 1}")
+                            batch_norm=batch_norm, name=f"conv{stage + 2}_block{block + 1}")
 
     # FP32 from here on: averaging and the logits stay accurate under mixed_float16.
     x = layers.GlobalAveragePooling2D(name="avg_pool", dtype="float32")(x)

@@ -125,6 +125,7 @@ CURRENT_STACK = (
     "tests/test_batch_plan.py",
     "tests/test_resnet_model.py",
     "tests/test_bad_input.py",
+    "tests/test_fused_batch_norm.py",
 )
 
 CURRENT = importlib.util.find_spec("horovod") is None  # this is the current stack
