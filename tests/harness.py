@@ -204,13 +204,15 @@ def suite_report(result: Result, name: str, np: int, names: Sequence[str]) -> st
     return ""
 
 
-def run_tf_config(argv: Sequence[str], np: int, timeout: float = 300.0, env=None) -> Result:
+def run_tf_config(argv: Sequence[str], np: int, timeout: float = 300.0, env=None,
+                  after_a_failure: float = None) -> Result:
     """Run `python argv...` as `np` plain local processes, each with a TF_CONFIG naming all of
     them on loopback (rank = task index). returncode: 0 if every process exited 0, else the
     first non-zero one; returncodes has each. Output: each process' lines, in rank order."""
     workers = [f"127.0.0.1:{p}" for p in free_ports(np)]
     return run_ranks(argv, np, lambda i: {**(env or {}), "TF_CONFIG": json.dumps(
-        {"cluster": {"worker": workers}, "task": {"type": "worker", "index": i}})}, timeout)
+        {"cluster": {"worker": workers}, "task": {"type": "worker", "index": i}})}, timeout,
+        after_a_failure)
 
 
 def free_port_base(count: int) -> int:
@@ -239,10 +241,12 @@ AFTER_A_FAILURE = 30.0
 
 
 def run_ranks(argv: Sequence[str], np: int, env_of: Callable[[int], dict],
-              timeout: float = 300.0) -> Result:
+              timeout: float = 300.0, after_a_failure: float = None) -> Result:
     """Run `python argv...` as `np` plain local processes, process i with the variables
     `env_of(i)` (a launcher's: TF_CONFIG, Slurm's, Open MPI's; None removes one). Result as
-    run_tf_config's; once a process fails, the rest get AFTER_A_FAILURE seconds."""
+    run_tf_config's; once a process fails, the rest get `after_a_failure` seconds (default
+    AFTER_A_FAILURE)."""
+    after_a_failure = AFTER_A_FAILURE if after_a_failure is None else after_a_failure
     refuse_in_quick_tier()
     start = time.monotonic()
     procs, logs = [], []
@@ -257,7 +261,7 @@ def run_ranks(argv: Sequence[str], np: int, env_of: Callable[[int], dict],
         deadline = start + timeout
         while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
             if any(p.poll() not in (None, 0) for p in procs):
-                deadline = min(deadline, time.monotonic() + AFTER_A_FAILURE)
+                deadline = min(deadline, time.monotonic() + after_a_failure)
             time.sleep(0.2)
         timed_out = any(p.poll() is None for p in procs)
     finally:

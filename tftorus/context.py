@@ -422,6 +422,8 @@ def shutdown():
     if _state is not None:
         # On the tf engine task 0 resolves every group: it must outlive the last collective.
         _state.comm.barrier()
+        if hasattr(_state.comm, "stop_health_checks"):  # tf engine: peers may now exit
+            _state.comm.stop_health_checks()
     if horovod_running():
         if _state is None or _state.comm.engine != "horovod":
             # Horovod beside the tf engine (or started alone): its own world waits too, so no

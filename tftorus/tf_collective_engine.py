@@ -47,10 +47,15 @@ all-reduce (CollectiveReduceV2) splits its own messages and is left alone.
 Empty tensors never reach TF: an all-gather or all-to-all of zero elements crashes the process
 (SIGSEGV) in TF 2.15.
 
-Failures: every op has a timeout (TFTORUS_TF_TIMEOUT, default 300 s). A collective that fails
-(a peer died, timed out or ran different code) aborts this process' collective executor for
-good; every later collective fails at once. Eager calls raise `CollectiveError` (a RuntimeError)
-saying so; inside tf.function wrap the step call in `translate_errors()` for the same message.
+Failures: the timeout (TFTORUS_TF_TIMEOUT, default 300 s) is how long a peer may be gone.
+Eager collectives (start-up, barriers, broadcasts) carry it as TF's per-op timeout; collectives
+in a traced step carry none, because TF holds two threads asleep for the whole timeout of every
+op given one (thousands per rank at a step's rate: tftorus/peer_health.py), and a thread per
+process that probes the peers (`PeerHealthMonitor`) aborts the collectives when one is lost. A
+collective that fails (a peer died, was lost, or ran different code) aborts this process'
+collective executor for good; every later collective fails at once. Eager calls raise
+`CollectiveError` (a RuntimeError) saying so; inside tf.function wrap the step call in
+`translate_errors()` for the same message.
 """
 import contextlib
 import hashlib
@@ -65,6 +70,7 @@ from tensorflow.python.framework import errors
 from tensorflow.python.framework import ops
 from tensorflow.python.ops import collective_ops, gen_collective_ops
 
+from tftorus import peer_health
 from tftorus.communicator import Communicator, Group, choose_reduce_scatter, sum_in_fp32
 from tftorus.tf_cluster import Cluster
 
@@ -97,6 +103,11 @@ def explain(error: "errors.OpError", timeout: Optional[float] = None) -> str:
     """What a failed TF collective means, in words."""
     text = str(error.message if hasattr(error, "message") else error).strip()
     first = text.splitlines()[0] if text else type(error).__name__
+    if peer_health.MARK in text:  # our monitor aborted: its message names the lost rank
+        lost = text[text.index(peer_health.MARK):].splitlines()[0]
+        return (f"tftorus tf engine: a peer was lost, so TF aborted this process' collective "
+                f"executor and no further collective can run: stop and restart the job. "
+                f"{lost}")
     if isinstance(error, errors.DeadlineExceededError) or "timed out" in text.lower() \
             or "deadline" in text.lower():
         what = (f"a peer did not take part within the collective timeout"
@@ -163,6 +174,15 @@ class TFCollectiveCommunicator(Communicator):
         for g in canonical:
             if len(g) > 1:
                 self.group_key(g)
+        self.health = peer_health.PeerHealthMonitor(
+            peer_health.peers_to_probe(self.rank, self.size, canonical), cluster.task,
+            lambda r: cluster.workers[r], self.timeout)
+        if cluster.size > 1:
+            self.health.start()
+
+    def stop_health_checks(self) -> None:
+        """After the last collective (shutdown): peers may exit from here on."""
+        self.health.stop()
 
     # -- identity ---------------------------------------------------------------------------
 
@@ -241,9 +261,12 @@ class TFCollectiveCommunicator(Communicator):
             return build()
 
     def _args(self, group: Group, signature: tuple, span: int = 1):
+        # TF's per-op timeout only eagerly: in a step it would cost two threads per op for the
+        # whole timeout; the peer health monitor covers those (module docstring)
         return dict(group_size=len(group), group_key=self.group_key(group),
                     instance_key=self.instance_key(group, signature, span),
-                    communication_hint=self._hint, timeout=self.timeout,
+                    communication_hint=self._hint,
+                    timeout=self.timeout if tf.executing_eagerly() else 0.0,
                     ordering_token=self._token(group))
 
     def _reduce_scatter(self, tensor, group):

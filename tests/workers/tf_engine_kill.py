@@ -21,6 +21,8 @@ parser.add_argument("--timeout", type=float, required=True)
 parser.add_argument("--victim", type=int, default=1)
 parser.add_argument("--kill_after", type=float, default=2.0)
 parser.add_argument("--kill_before_first", action="store_true")
+parser.add_argument("--stop", action="store_true",
+                    help="SIGSTOP the victim instead: alive, its sockets open, answering nothing")
 parser.add_argument("--loop_seconds", type=float, default=120.0)
 opts = parser.parse_args()
 
@@ -33,8 +35,9 @@ rank = context.communicator().rank
 
 
 def die():
-    print(f"[rank {rank}] victim: SIGKILL now", flush=True)
-    os.kill(os.getpid(), signal.SIGKILL)
+    how = signal.SIGSTOP if opts.stop else signal.SIGKILL
+    print(f"[rank {rank}] victim: {how.name} now", flush=True)
+    os.kill(os.getpid(), how)
 
 
 def main():

@@ -1,0 +1,30 @@
+"""Worker: 1000 collectives in traced steps, with the default 300 s collective timeout; prints
+how many threads the process grew by. TF's own per-op timeout would hold 2 threads per op."""
+import os
+
+import tensorflow as tf
+
+import tftorus
+from tftorus import context
+
+tftorus.init(engine="tf")
+comm = context.communicator()
+
+
+def threads() -> int:
+    return len(os.listdir(f"/proc/{os.getpid()}/task"))
+
+
+@tf.function
+def step(x):
+    return tf.add_n([comm.all_reduce(x + float(i), comm.all_ranks()) for i in range(50)])
+
+
+x = tf.ones([256])
+step(x).numpy()  # traced, every key resolved
+before = threads()
+for _ in range(20):
+    out = step(x).numpy()
+assert out[0] == comm.size * 50 + comm.size * sum(range(50)), out[0]
+print(f"rank {comm.rank}: threads grew by {threads() - before} over 1000 collectives", flush=True)
+tftorus.shutdown()
