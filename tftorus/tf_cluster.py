@@ -38,10 +38,10 @@ below 65536 however many hosts there are), else a free port picked by the OS whe
 exchanged (horovodrun, mpirun's rendezvous), else DEFAULT_PORT plus the local rank.
 
 No coordination service (tf.distribute starts one, with its own start-up registration and
-shutdown barrier): the per-op collective timeout (TFTORUS_TF_TIMEOUT, default 300 s) already
-turns a dead peer into an error on every survivor. Measured: a peer SIGKILLed mid-collective
-fails the survivors' collective at once ("Connection reset by peer"); one that dies before a
-collective fails it after the timeout ("Collective has timed out waiting for other workers").
+shutdown barrier): the engine's peer probes (tftorus/peer_health.py; TFTORUS_TF_TIMEOUT, default
+300 s) already turn a dead peer into an error on every survivor. Measured: a peer SIGKILLed
+mid-collective fails the survivors' collective at once ("Connection reset by peer"); one that
+dies before a collective or stops is found by the probes.
 Task 0 is TF's collective leader: it resolves every group and every new instance key.
 """
 import dataclasses
@@ -72,7 +72,7 @@ class Cluster:
     local_rank: int
     local_size: int
     source: str  # 'TF_CONFIG', 'horovodrun', 'mpirun', 'slurm' or 'single'
-    timeout: float  # seconds any one collective may take before it fails
+    timeout: float  # seconds a peer may be silent before collectives abort (peer_health)
 
     @property
     def size(self) -> int:
@@ -597,8 +597,9 @@ def bootstrap(host: Optional[str] = None, port: Optional[int] = None,
     port: base port; the server listens on port + local rank (default: TFTORUS_TF_PORT, else a
       free port under horovodrun and mpirun's rendezvous, else DEFAULT_PORT). Ignored with
       TF_CONFIG.
-    timeout: seconds one collective may take before it fails (default: TFTORUS_TF_TIMEOUT or
-      300). A dead or stuck peer surfaces as an error after this long, not as a hang.
+    timeout: seconds a peer may answer no probe before this process' collectives are aborted,
+      and an eager collective's own timeout (default: TFTORUS_TF_TIMEOUT or 300). A dead or
+      stopped peer surfaces as an error, not as a hang.
     Idempotent: a second call returns the running cluster.
     """
     global _cluster
