@@ -9,8 +9,10 @@ read in one place. In the quick tier tests/harness.py refuses to start a process
 that launches but is not listed fails there, naming this file.
 
 Two stacks run the suite (TFTORUS_STACK in run_scripts/test.sh): classic (TensorFlow 2.15 with
-Horovod) runs every test; current (TensorFlow 2.21, Keras 3, no Horovod) runs only what
-CURRENT_STACK lists, in the same tiers. A stack without Horovod is the current one.
+Horovod) runs every test but CURRENT_ONLY's; current (TensorFlow 2.21, Keras 3, no Horovod) runs
+only what CURRENT_STACK lists, in the same tiers. A stack without Horovod is the current one.
+CURRENT_ONLY holds the tf engine's heaviest jobs: the engine is the same code on both stacks, and
+they run once, on the stack where it is the only engine.
 """
 import importlib.util
 
@@ -25,6 +27,17 @@ tf.test.TestCase.test_session.__test__ = False
 # node id -> its seconds in a CI run on 2 cores (2026-11-23; N = 9 and 12 timed in a run of
 # their own); the comments say which lighter check of the same kind the default tier keeps
 SLOW = {
+    # the default tier keeps the lighter sibling named in each comment
+    "tests/test_overlap.py::OverlapTest::test_tf_engine": 49,  # test_horovod_engine
+    # the launcher's commands and refusals: LauncherCommandTest and the wrong-count test
+    "tests/test_paper_scale.py::PerPhaseWorkersTest::"
+    "test_launcher_runs_each_phase_on_its_own_count": 53,
+    # a refused resume: ConfigMismatchScriptTest (train.py refusing another configuration)
+    "tests/test_resume.py::ResumeRunsTest::test_new_world_size_inside_a_phase_is_refused": 32,
+    # lost peers on the tf engine: KilledWorkerTest::test_killed_mid_collective
+    "tests/test_tf_engine.py::KilledWorkerTest::test_dead_before_collective_times_out": 23,
+    "tests/test_peer_health.py::RealPeersTest::"
+    "test_a_stopped_peer_ends_the_others_within_the_timeout": 22,
     # the widest worlds; 1, 2 and 4 ranks (and 2 and 4 on the tf engine) stay in the default tier;
     # 9 and 12 check only the grids with both a row and a column phase
     "tests/test_allreduce_multiprocess.py::AllreduceMultiprocessTest::test_six_ranks": 46,
@@ -94,6 +107,7 @@ LAUNCHES = (
     "tests/test_resume.py::ConfigMismatchScriptTest",
     "tests/test_tf_engine.py::TFEngineJobsTest",
     "tests/test_tf_engine.py::KilledWorkerTest",
+    "tests/test_peer_health.py::RealPeersTest",
     "tests/test_train_script.py::TrainScriptTest",
     "tests/test_training_equivalence.py::TrainingEquivalenceTest",
     "tests/test_worker_loss.py::TerminateHookTest",
@@ -115,6 +129,7 @@ CURRENT_STACK = (
     "tests/test_facades_without_horovod.py",
     "tests/test_user_fit.py::LaunchWithoutHorovodTest",
     "tests/test_tf_engine.py",
+    "tests/test_peer_health.py",
     "tests/test_input_pipeline.py",
     "tests/test_lars.py",
     "tests/test_emulated_step.py",
@@ -137,6 +152,18 @@ CURRENT_STACK = (
     "test_killed_worker_tf_engine_then_resume_equals_uninterrupted",
     "tests/test_paper_scale.py::LauncherCommandTest",
     "tests/test_paper_scale.py::PerPhaseWorkersTest",
+)
+
+# Run on the current stack only (see the module docstring); the classic stack's tf engine keeps
+# its 1-, 2- and 4-rank jobs, KilledWorkerTest and the engines' agreement in a fit.
+CURRENT_ONLY = (
+    "tests/test_tf_engine.py::TFEngineJobsTest::test_six_ranks_tf_config",
+    "tests/test_tf_engine.py::TFEngineJobsTest::test_ten_ranks_tf_config",
+    "tests/test_tf_engine.py::TFEngineJobsTest::test_twelve_ranks_task_name_order",
+    "tests/test_worker_loss.py::WorkerLossTest::test_killed_worker_tf_engine",
+    "tests/test_worker_loss.py::WorkerLossTest::test_stopped_worker_tf_engine",
+    "tests/test_worker_loss.py::WorkerLossTest::"
+    "test_killed_worker_tf_engine_then_resume_equals_uninterrupted",
 )
 
 CURRENT = importlib.util.find_spec("horovod") is None  # this is the current stack
@@ -185,12 +212,17 @@ def pytest_collection_modifyitems(session, config, items):
                 and [a.rstrip("/") for a in config.args] == ["tests"]:
             raise pytest.UsageError(f"tests/conftest.py's CURRENT_STACK lists tests that do not "
                                     f"exist: {sorted(unknown)}")
+    else:
+        only_current = [i for i in items if any(_under(i.nodeid, e) for e in CURRENT_ONLY)]
+        if only_current:
+            config.hook.pytest_deselected(items=only_current)
+            items[:] = [i for i in items if i not in only_current]
     for item in items:
         if item.nodeid in SLOW:
             item.add_marker(pytest.mark.slow)
         if launches(item.nodeid):
             item.add_marker(pytest.mark.launches)
-    unknown = set(SLOW) - {item.nodeid for item in items}
+    unknown = set(SLOW) - set(CURRENT_ONLY) - {item.nodeid for item in items}
     unknown |= {e for e in LAUNCHES if not any(_under(item.nodeid, e) for item in items)}
     if unknown and [a.rstrip("/") for a in config.args] == ["tests"] \
             and not CURRENT:  # a renamed test (the current stack collects only some)
