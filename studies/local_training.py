@@ -1,4 +1,6 @@
-"""One run of run_scripts/train.py under local `horovodrun --gloo`, in its own model_dir, once.
+"""One run of run_scripts/train.py on local processes, in its own model_dir, once: under
+`horovodrun --gloo` where Horovod is installed (the classic stack), else under tftorus' local
+launcher, `python -m tftorus.run`, on the tf engine (the current stack).
 
 The studies (accuracy_band.py, convergence_study.py) are many such runs; a run whose
 summary.json exists finished earlier and is not repeated, so an interrupted study continues
@@ -15,6 +17,15 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VENV_BIN = os.path.dirname(sys.executable)
 
 
+def launcher(workers: int) -> List[str]:
+    """What goes before `script args...` to run it on `workers` local processes."""
+    horovodrun = os.path.join(VENV_BIN, "horovodrun")
+    if os.path.exists(horovodrun):
+        return [horovodrun, "--gloo", "-np", str(workers), "-H", f"localhost:{workers}",
+                sys.executable]
+    return [sys.executable, "-m", "tftorus.run", "-np", str(workers)]
+
+
 def train_once(model_dir: str, workers: int, train_flags: List[str], timeout: float,
                label: str, env: Optional[Dict[str, str]] = None) -> Tuple[Dict, Optional[float]]:
     """train.py with `train_flags` (plus --model_dir) on `workers` local processes, with `env`
@@ -25,9 +36,8 @@ def train_once(model_dir: str, workers: int, train_flags: List[str], timeout: fl
     seconds = None
     if not os.path.exists(summary_path):
         os.makedirs(model_dir, exist_ok=True)
-        cmd = [os.path.join(VENV_BIN, "horovodrun"), "--gloo", "-np", str(workers),
-               "-H", f"localhost:{workers}", sys.executable, "run_scripts/train.py",
-               *train_flags, f"--model_dir={model_dir}"]
+        cmd = [*launcher(workers), "run_scripts/train.py", *train_flags,
+               f"--model_dir={model_dir}"]
         start = time.time()
         with open(os.path.join(model_dir, "log.txt"), "w") as log:
             proc = subprocess.run(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
