@@ -257,22 +257,42 @@ class Watchdog:
                 next_send = now + self.interval
                 self._send({"r": self.rank, "i": _progress.as_dict()}, self.address)
                 if self._verdict is None:
-                    verdict = self.monitor.verdict()
+                    # replies already waiting count first: a thread starved by a loaded machine
+                    # would otherwise judge rank 0 silent while its verdict sits in the socket
+                    if not self._drain():
+                        return
+                    verdict = self.monitor.verdict() if self._verdict is None else None
                     if verdict is not None:  # rank 0 is gone: nobody to wait for
                         self._decide(verdict, grace=0.0)
             try:
-                data, _ = self.sock.recvfrom(65536)
-                msg = json.loads(data)
-                self.monitor.replied(msg.get("i"), finished=bool(msg.get("f")))
-                if msg.get("v") and self._verdict is None:
-                    # not at once: a peer still waiting for its reply would see this rank's
-                    # exit (Gloo aborts) before it hears the verdict
-                    self._decide(Verdict.from_json(msg["v"]), grace=self.interval + 0.5)
+                self._handle(self.sock.recvfrom(65536)[0])
             except socket.timeout:
                 pass
             except (OSError, ValueError, KeyError, TypeError, AttributeError):
                 if self._stop.is_set():  # else a stray or malformed datagram: ignore it
                     return
+
+    def _drain(self) -> bool:
+        """Handle every datagram already received; False once the watchdog is stopping."""
+        while True:
+            try:
+                data, _ = self.sock.recvfrom(65536, socket.MSG_DONTWAIT)
+            except (BlockingIOError, socket.timeout):
+                return True
+            except OSError:
+                return not self._stop.is_set()
+            try:
+                self._handle(data)
+            except (ValueError, KeyError, TypeError, AttributeError):
+                pass  # a stray or malformed datagram
+
+    def _handle(self, data: bytes) -> None:
+        msg = json.loads(data)
+        self.monitor.replied(msg.get("i"), finished=bool(msg.get("f")))
+        if msg.get("v") and self._verdict is None:
+            # not at once: a peer still waiting for its reply would see this rank's exit
+            # (Gloo aborts) before it hears the verdict
+            self._decide(Verdict.from_json(msg["v"]), grace=self.interval + 0.5)
 
     def _decide(self, verdict: Verdict, grace: float):
         with self._lock:
