@@ -1,10 +1,11 @@
 """Keras 3's BatchNormalization with TensorFlow's fused kernel in training mode (current stack).
 
 Keras 3's BatchNormalization computes in training mode `tf.nn.moments` and then
-`tf.nn.batch_normalization`: about ten small ops forward and more backward, where Keras 2 (and
-TensorFlow's own models) call one FusedBatchNormV3 and one FusedBatchNormGradV3. On the 2-core
-CPU of this project one BN forward and backward took 2.1 ms on Keras 3 against 1.0 ms on
-Keras 2 (docs/training.md), and ResNets have a BN after every conv.
+`tf.nn.batch_normalization`: 21 ops forward (with the moving averages) and 25 backward, several
+over the whole activation, where Keras 2 (and TensorFlow's own models) run one FusedBatchNormV3
+and one FusedBatchNormGradV3. In the main job's model on this project's 2-core CPU its BN ops
+took 3x the fused kernel's time and the training step 1.5x (docs/training.md), and ResNets have
+a BN after every conv.
 
 `FusedBatchNormalization` is that layer with the same constructor, variables and names (gamma,
 beta, moving_mean, moving_variance), so checkpoints, the `_bn` name rule of LARS and weight decay
@@ -20,8 +21,7 @@ It computes what Keras 3's layer computes, up to float rounding:
 - the moving averages move by `momentum` towards the batch mean and the biased batch variance,
   as Keras 3's do. The kernel returns the variance with Bessel's correction (n / (n - 1)), so it
   is scaled back by (n - 1) / n first, as Keras 2's fused path does too.
-The epsilon is passed as is: TF's CPU kernel takes any value, and cuDNN's minimum is 1e-5,
-the recipe's value.
+The epsilon goes to the kernel as is, as Keras 2's fused layer passes it.
 """
 import keras  # Keras 3: keras_generation.Keras3 is the one importer of this module
 import tensorflow as tf

@@ -124,7 +124,7 @@ def resnet(*, depth: int = 50, num_classes: int = 1000, width: int = STANDARD_WI
       batch_norm: the BatchNormalization layer class; default the recipe's,
         `keras_generation.KERAS.batch_normalization()`: Keras 2's own layer, or on Keras 3 a
         subclass that trains with TensorFlow's fused kernel (Keras 3's own layer is unfused and
-        about twice as slow per BN on CPU). `tf.keras.layers.BatchNormalization` builds the model
+        3x slower per BN on CPU). `tf.keras.layers.BatchNormalization` builds the model
         with Keras' own layer (studies/benchmark_model.py compares the two).
       name: model name; default `resnet{depth}`.
     """

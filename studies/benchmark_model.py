@@ -50,6 +50,7 @@ Absolute images/s depend on the machine, printed above the table; compare ratios
 import argparse
 import collections
 import glob
+import importlib.metadata
 import os
 import platform
 import re
@@ -277,9 +278,9 @@ def build_all(args) -> List[Variant]:
 Key = Tuple[str, str, str]  # policy, model, phase
 
 
-def run(args) -> Tuple[List[Variant], Dict[Key, List[float]]]:
-    """The variants, and their seconds per call (one entry per repeat) by (policy, model,
-    phase)."""
+def run(args) -> Tuple[List[Variant], Dict[Key, List[float]], Dict[Key, List[float]]]:
+    """The variants, and their wall-clock and CPU seconds per call (one entry per repeat) by
+    (policy, model, phase)."""
     tf.keras.utils.set_random_seed(args.seed)
     built = build_all(args)
     timed = [(v, phase) for v in built for phase in v.functions]
@@ -288,17 +289,20 @@ def run(args) -> Tuple[List[Variant], Dict[Key, List[float]]]:
             tf.nest.map_structure(lambda t: t.numpy(), v.functions[phase](v.images, v.labels))
 
     times: Dict[Key, List[float]] = {(v.policy, v.name, phase): [] for v, phase in timed}
+    cpu_times: Dict[Key, List[float]] = {key: [] for key in times}
     for repeat in range(args.repeats):
         shift = repeat % len(timed)
         for v, phase in timed[shift:] + timed[:shift]:
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             for _ in range(args.steps):
                 out = v.functions[phase](v.images, v.labels)
             out = tf.nest.flatten(out)[0].numpy()  # a tf.function's outputs are all ready here
             times[(v.policy, v.name, phase)].append((time.perf_counter() - start) / args.steps)
+            cpu_times[(v.policy, v.name, phase)].append(
+                (time.process_time() - cpu_start) / args.steps)
             if phase == "step" and not np.isfinite(out):
                 raise FloatingPointError(f"{v.name} under {v.policy}: loss {out}")
-    return built, times
+    return built, times, cpu_times
 
 
 # ==================================================================================================
@@ -416,8 +420,12 @@ def machine() -> str:
 
 def stack_line() -> str:
     horovod = "Horovod" if stack.HOROVOD else "no Horovod"
+    try:  # the installed Keras package (TF 2.15's tf.keras reports no version of its own)
+        keras_version = importlib.metadata.version("keras")
+    except importlib.metadata.PackageNotFoundError:
+        keras_version = stack.KERAS_VERSION
     return (f"{stack.NAME} stack: Python {platform.python_version()}, TensorFlow "
-            f"{tf.__version__}, Keras {stack.KERAS_VERSION}, {horovod}")
+            f"{tf.__version__}, Keras {keras_version}, {horovod}")
 
 
 def load() -> str:
@@ -434,11 +442,13 @@ def main(argv=None):
           f"classes; {args.warmup} warm-up + {args.repeats} repeats x {args.steps} timed calls "
           f"per model; spread = (max - min) / median over repeats")
     print(f"before: {load()}")
-    built, times = run(args)
+    built, times, cpu_times = run(args)
     print(f"after:  {load()}")
     reference = args.reference
+    print("\nms: wall clock per call; CPU ms: this process' CPU time per call (all its threads: on a "
+          "shared machine it moves less with the load than wall clock does)")
     print(f"\n{'policy':<14}{'input':>11}  {'model':<15}{'phase':<9}{'params':>12}{'ms':>9}"
-          f"{'images/s':>10}{'vs ' + (reference or '-'):>18}{'spread':>8}")
+          f"{'images/s':>10}{'vs ' + (reference or '-'):>18}{'spread':>8}{'CPU ms':>9}")
     for v in built:
         for phase in v.functions:
             t = times[(v.policy, v.name, phase)]
@@ -448,7 +458,8 @@ def main(argv=None):
             batch, side = v.images.shape[0], v.images.shape[1]
             print(f"{v.policy:<14}{f'{batch}x{side}px':>11}  {v.name:<15}{phase:<9}"
                   f"{v.params:>12,}{1e3 * median:>9.1f}{batch / median:>10.1f}{ratio:>18.3f}"
-                  f"{(max(t) - min(t)) / median:>8.0%}")
+                  f"{(max(t) - min(t)) / median:>8.0%}"
+                  f"{1e3 * statistics.median(cpu_times[(v.policy, v.name, phase)]):>9.1f}")
     if args.breakdown:
         print_breakdown(built, args.profile_steps)
         print(f"after profiling: {load()}")
