@@ -1,0 +1,631 @@
+"""The all-reduce on a simulated cluster: ABCI's network in SimGrid, checked against the emulated
+hosts and the paper's Table 6 (issue 40; docs/scale.md, "Simulated cluster").
+
+    python -m studies.simulated_cluster                 # calibration, ABCI sweep, plot
+    python -m studies.simulated_cluster --calibration   # only the emulated clusters
+    python -m studies.simulated_cluster --csv /tmp/tftorus_rails/allreduce.csv
+        calibration against a fresh studies.emulated_cluster CSV instead of the measured
+        medians quoted in docs/emulated_cluster.md
+
+A study: the product (tftorus/) never imports this module or SimGrid. SimGrid 3.32's Python
+bindings come from Debian's python3-simgrid (run_scripts/setup.sh installs it where apt works);
+`load_simgrid` loads only that one extension module into the venv, never the rest of Debian's
+dist-packages (whose numpy would shadow the venv's).
+
+What SimGrid does here: the flows. A collective is a sequence of phases (the cost model's:
+tftorus/cost_model.py); a phase is a ring collective run by all its groups at once, k-1 or
+2(k-1) steps in which every member sends one chunk to the next member. Every step of a phase
+moves the same pattern of flows, so the simulator runs *one* step of each phase and bucket with
+all its flows at once (every rank's message, through the NVLink, HCA, rack and spine links the
+route crosses, shared max-min fairly by SimGrid's CM02 flow model) and the phase takes
+steps x that step. A phase also pays the cost model's per-collective `per_op` and its summing
+(`gamma` per byte), which are not network and are added as the cost model adds them. Nothing is
+fitted to Table 6.
+
+Platforms (one SimGrid engine per process, so every cluster lives in one platform):
+  abci        32 racks x 34 nodes (1,088); a node is 4 GPUs, every pair joined by NVLink2
+              (50 GB/s each way, 3.4 us), and 2 EDR HCAs (12.5 GB/s each way; GPUs 0-1 on the
+              first, 2-3 on the second; 4.8 us each end, so 9.6 us node to node); a rack is
+              non-blocking inside (full bisection) and has 24 EDR links to the spine (300 GB/s
+              each way for 68 HCA ports: the 1/3 oversubscription); the spine (two directors)
+              is non-blocking. Sources: docs/scale.md.
+  emulated    the hosts of studies.emulated_cluster: H hosts x R ranks, each host with 1 link or
+              a link per rank at 0.25 Gbit/s to a bridge, its ranks joined by loopback; all of
+              it on one machine, so every host's loopback traffic shares one memory-copy link.
+  flat        (tests) hosts of R ranks with one NIC each on one non-blocking switch.
+"""
+import argparse
+import dataclasses
+import glob
+import importlib.machinery
+import importlib.util
+import math
+import os
+import random
+import sys
+import sysconfig
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from studies import cost_calibration as cal
+from tftorus import cost_model as cm
+from tftorus.grid import PAPER_GRIDS, TorusGrid, plan_grid
+
+DEBIAN_DIST_PACKAGES = "/usr/lib/python3/dist-packages"
+DEFAULT_PNG = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "docs", "img",
+                           "simulated_efficiency.png")
+
+# ==================================================================================================
+# SimGrid: loaded alone from Debian's package where the venv has none
+# ==================================================================================================
+
+_SIMGRID = None
+SIMGRID_MISSING = ""
+
+
+def load_simgrid():
+    """The simgrid module, or None (SIMGRID_MISSING says why).
+
+    `import simgrid` first; where that fails, only Debian's simgrid extension module for this
+    Python (/usr/lib/python3/dist-packages/simgrid.cpython-311-...so) is loaded, by file: the
+    rest of that directory stays off sys.path."""
+    global _SIMGRID, SIMGRID_MISSING
+    if _SIMGRID is not None:
+        return _SIMGRID
+    try:
+        import simgrid  # noqa: F401  (a venv or system where it is importable)
+        _SIMGRID = simgrid
+        return _SIMGRID
+    except ImportError:
+        pass
+    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    paths = sorted(glob.glob(os.path.join(DEBIAN_DIST_PACKAGES, "simgrid" + suffix)))
+    if not paths:
+        SIMGRID_MISSING = (f"SimGrid's Python bindings are not installed for Python "
+                           f"{sys.version_info.major}.{sys.version_info.minor} (no "
+                           f"{DEBIAN_DIST_PACKAGES}/simgrid{suffix}); on Debian: "
+                           f"apt-get install python3-simgrid")
+        return None
+    try:
+        loader = importlib.machinery.ExtensionFileLoader("simgrid", paths[0])
+        spec = importlib.util.spec_from_file_location("simgrid", paths[0], loader=loader)
+        module = importlib.util.module_from_spec(spec)
+        loader.exec_module(module)
+    except ImportError as e:
+        SIMGRID_MISSING = f"{paths[0]} does not load: {e}"
+        return None
+    sys.modules["simgrid"] = module
+    _SIMGRID = module
+    return module
+
+
+# ==================================================================================================
+# Clusters
+# ==================================================================================================
+
+GB = 1e9
+US = 1e-6
+UNLIMITED = 1e15  # bytes/s: a link that limits nothing here
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeSpec:
+    """One node (a host): `gpus` ranks, joined pairwise (NVLink) or through a shared copy link,
+    and NICs; GPU i leaves the node through NIC nic_of_gpu[i]."""
+
+    gpus: int = 4
+    pair_bw: float = 50 * GB  # per direction, per GPU pair (0: ranks joined by `shared_copy`)
+    pair_lat: float = 3.4 * US
+    nics: int = 2
+    nic_bw: float = 12.5 * GB  # per direction
+    nic_lat: float = 4.8 * US  # each end: node to node is twice this
+    nic_of_gpu: Tuple[int, ...] = (0, 0, 1, 1)
+
+    def __post_init__(self):
+        if len(self.nic_of_gpu) != self.gpus or max(self.nic_of_gpu) >= self.nics:
+            raise ValueError(f"nic_of_gpu {self.nic_of_gpu} must name a NIC < {self.nics} for "
+                             f"each of {self.gpus} GPUs")
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterSpec:
+    """Racks of nodes. Inside a rack every node reaches every other through its NICs only (full
+    bisection); a rack reaches the others through `uplink_bw` each way (0: no limit) and a
+    non-blocking spine. shared_copy_bw > 0: every intra-node message of the whole cluster goes
+    through one link of that rate (the emulated cluster: every host on one machine's cores)."""
+
+    name: str
+    node: NodeSpec
+    racks: int = 1
+    nodes_per_rack: int = 1
+    uplink_bw: float = 0.0
+    uplink_lat: float = 0.0
+    shared_copy_bw: float = 0.0
+    shared_copy_lat: float = 0.0
+
+    @property
+    def nodes(self) -> int:
+        return self.racks * self.nodes_per_rack
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * self.node.gpus
+
+
+def abci(name: str = "abci", racks: int = 32, uplinks_per_rack: int = 24) -> ClusterSpec:
+    """ABCI as docs/scale.md sources it: 1,088 nodes of 4 V100 (NVLink2) and 2 EDR HCAs; racks of
+    34 nodes, full bisection inside; 24 EDR links per rack to the spine (1/3 oversubscription)."""
+    return ClusterSpec(name, NodeSpec(), racks=racks, nodes_per_rack=34,
+                       uplink_bw=uplinks_per_rack * 12.5 * GB)
+
+
+
+#: The emulated cluster's host links: `tbf` at 0.25 Gbit/s (docs/emulated_cluster.md).
+EMULATED_LINK_BW = 0.25e9 / 8
+
+
+def emulated(name: str, hosts: int, ranks: int, links: int, link_bw: float = EMULATED_LINK_BW,
+             copy_bw: float = 0.0) -> ClusterSpec:
+    """studies.emulated_cluster's hosts: `links` host links (1, or one per rank: rank l on link
+    l mod links), no latency (no netem), one bridge; loopback through one machine-wide copy
+    link of `copy_bw` (0: unlimited)."""
+    node = NodeSpec(gpus=ranks, pair_bw=0.0, pair_lat=0.0, nics=links, nic_bw=link_bw,
+                    nic_lat=0.0, nic_of_gpu=tuple(i % links for i in range(ranks)))
+    return ClusterSpec(name, node, racks=1, nodes_per_rack=hosts, shared_copy_bw=copy_bw)
+
+
+def flat(name: str, hosts: int, ranks: int, nic_bw: float, nic_lat: float, pair_bw: float,
+         pair_lat: float) -> ClusterSpec:
+    """Hosts of `ranks` ranks (pairwise links) and one NIC each, on one non-blocking switch: the
+    cost model's picture with nics_per_host=1 (tests)."""
+    node = NodeSpec(gpus=ranks, pair_bw=pair_bw, pair_lat=pair_lat, nics=1, nic_bw=nic_bw,
+                    nic_lat=nic_lat / 2, nic_of_gpu=(0,) * ranks)
+    return ClusterSpec(name, node, racks=1, nodes_per_rack=hosts)
+
+
+class Platform:
+    """Every cluster of a run in one SimGrid platform (SimGrid allows one per process)."""
+
+    def __init__(self, specs: Sequence[ClusterSpec]):
+        sg = load_simgrid()
+        if sg is None:
+            raise RuntimeError(SIMGRID_MISSING)
+        self.sg = sg
+        self.engine = sg.Engine(["tftorus-simulated-cluster", "--cfg=network/model:CM02",
+                                 "--cfg=network/crosstraffic:0", "--cfg=network/TCP-gamma:0",
+                                 "--log=root.thres:critical"])
+        self.specs = {s.name: s for s in specs}
+        self.gpus: Dict[str, list] = {}
+        root = sg.NetZone.create_star_zone("root")
+        for spec in specs:
+            self.gpus[spec.name] = self._cluster(root, spec)
+        root.seal()
+
+    def _link(self, zone, name, bw, lat):
+        """A full-duplex link; bw 0 means unlimited (SimGrid forbids empty routes in a zone,
+        so an unlimited link is one at UNLIMITED bytes/s)."""
+        return zone.create_split_duplex_link(name, bw if bw > 0 else UNLIMITED).set_latency(
+            lat).seal()
+
+    def _up(self, link):
+        return self.sg.LinkInRoute(link, self.sg.LinkInRoute.Direction.UP)
+
+    def _cluster(self, root, spec: ClusterSpec) -> list:
+        sg = self.sg
+        czone = sg.NetZone.create_star_zone(spec.name)
+        czone.set_parent(root)
+        copy = None
+        if spec.shared_copy_bw > 0:  # one link, shared both ways (SHARED policy)
+            copy = czone.create_link(f"{spec.name}-copy", spec.shared_copy_bw)
+            copy.set_latency(spec.shared_copy_lat).seal()
+        gpus = []
+        for r in range(spec.racks):
+            rzone = sg.NetZone.create_star_zone(f"{spec.name}-r{r}")
+            rzone.set_parent(czone)
+            gateway = None
+            for n in range(spec.nodes_per_rack):
+                nzone, ngw, hosts = self._node(rzone, f"{spec.name}-r{r}n{n}", spec.node, copy)
+                rzone.add_route(nzone.netpoint, None, ngw, None, [], True)
+                # A zone's gateway must sit one level down (SimGrid resolves routes zone by
+                # zone): the rack leaves through its first node's router.
+                gateway = gateway or ngw
+                gpus.extend(hosts)
+            rzone.seal()
+            links = []
+            if spec.uplink_bw > 0:
+                links = [self._up(self._link(czone, f"{spec.name}-r{r}-up", spec.uplink_bw,
+                                             spec.uplink_lat))]
+            czone.add_route(rzone.netpoint, None, gateway, None, links, True)
+        czone.seal()
+        return gpus
+
+    def _node(self, parent, name: str, node: NodeSpec, copy):
+        sg = self.sg
+        zone = sg.NetZone.create_full_zone(name)
+        zone.set_parent(parent)
+        gw = zone.create_router(f"{name}-gw")
+        hosts = [zone.create_host(f"{name}g{i}", 1e12).seal() for i in range(node.gpus)]
+        nics = [self._link(zone, f"{name}-nic{j}", node.nic_bw, node.nic_lat)
+                for j in range(node.nics)]
+        for i in range(node.gpus):
+            for j in range(i + 1, node.gpus):
+                if copy is not None:
+                    links = [sg.LinkInRoute(copy)]
+                else:
+                    pair = self._link(zone, f"{name}-nv{i}-{j}", node.pair_bw, node.pair_lat)
+                    links = [self._up(pair)]
+                zone.add_route(hosts[i].netpoint, hosts[j].netpoint, None, None, links, True)
+            nic = nics[node.nic_of_gpu[i]]
+            zone.add_route(hosts[i].netpoint, gw, None, None, [self._up(nic)], True)
+        zone.seal()
+        return zone, gw, hosts
+
+    def run_steps(self, jobs: Sequence["StepJob"]) -> List[float]:
+        """Simulated seconds of each job: its flows started together, until the last ends."""
+        sg = self.sg
+        out: List[float] = []
+
+        def controller():
+            for job in jobs:
+                hosts = self.gpus[job.cluster]
+                start = sg.Engine.clock
+                comms = [sg.Comm.sendto_async(hosts[s], hosts[d], job.nbytes)
+                         for s, d in job.flows]
+                sg.Comm.wait_all(comms)
+                out.append(sg.Engine.clock - start)
+
+        first = self.gpus[jobs[0].cluster][0] if jobs else None
+        if first is None:
+            return out
+        sg.Actor.create("controller", first, controller)
+        self.engine.run()
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class StepJob:
+    """One step of a phase: `flows` (source, destination GPU index) of `nbytes` each, at once."""
+
+    cluster: str
+    flows: Tuple[Tuple[int, int], ...]
+    nbytes: int
+
+
+# ==================================================================================================
+# Collectives as phases of ring steps (the cost model's phases)
+# ==================================================================================================
+
+@dataclasses.dataclass(frozen=True)
+class SimPhase:
+    name: str
+    groups: Tuple[Tuple[int, ...], ...]  # ranks of each group running this phase at once
+    nbytes: float  # the buffer each group's collective works on
+    kind: str  # 'reduce-scatter', 'all-gather', 'all-reduce'
+
+    @property
+    def members(self) -> int:
+        return len(self.groups[0])
+
+    @property
+    def steps(self) -> int:
+        k = self.members
+        return 2 * (k - 1) if self.kind == "all-reduce" else k - 1
+
+    @property
+    def chunk(self) -> float:
+        return self.nbytes / self.members
+
+    @property
+    def reduced_bytes(self) -> float:
+        return 0.0 if self.kind == "all-gather" else (self.members - 1) * self.chunk
+
+
+#: Algorithms the simulator runs: the cost model's, and Horovod's NCCL hierarchical all-reduce
+#: (HOROVOD_HIERARCHICAL_ALLREDUCE: reduce-scatter in the node, all-reduce across nodes among
+#: ranks of equal local rank, all-gather in the node: the torus with X = ranks per node).
+ALGORITHMS = ("ring", "torus", "hierarchical", "nccl-hierarchical")
+
+
+def phases(algorithm: str, grid: TorusGrid, nbytes: float, local_size: int) -> List[SimPhase]:
+    """The phases of one all-reduce of `nbytes` (groups of one rank run nothing)."""
+    if algorithm == "nccl-hierarchical":
+        algorithm, grid = "torus", TorusGrid(size=grid.size, x=local_size)
+    rows = tuple(grid.rows())
+    cols = tuple(grid.cols())
+    out: List[SimPhase] = []
+    if algorithm == "ring":
+        out.append(SimPhase("all-reduce (world)", (tuple(range(grid.size)),), nbytes,
+                            "all-reduce"))
+    elif algorithm == "torus":
+        out.append(SimPhase("row reduce-scatter", rows, nbytes, "reduce-scatter"))
+        out.append(SimPhase("column all-reduce", cols, nbytes / grid.x, "all-reduce"))
+        out.append(SimPhase("row all-gather", rows, nbytes, "all-gather"))
+    elif algorithm == "hierarchical":
+        out.append(SimPhase("row all-reduce", rows, nbytes, "all-reduce"))
+        out.append(SimPhase("leaders' all-reduce", (cols[0],), nbytes, "all-reduce"))
+        out.append(SimPhase("row broadcast (all-reduce)", rows, nbytes, "all-reduce"))
+    else:
+        raise ValueError(f"unknown algorithm {algorithm!r}; choose one of {ALGORITHMS}")
+    return [p for p in out if p.members > 1]
+
+
+def step_flows(phase: SimPhase, gpu_of_rank: Sequence[int]) -> Tuple[Tuple[int, int], ...]:
+    """One ring step: every member of every group sends to the next member."""
+    flows = []
+    for g in phase.groups:
+        k = len(g)
+        for i in range(k):
+            flows.append((gpu_of_rank[g[i]], gpu_of_rank[g[(i + 1) % k]]))
+    return tuple(flows)
+
+
+def placement(spec: ClusterSpec, ranks: int, how: str = "compact", seed: int = 0) -> List[int]:
+    """GPU index of each rank: ranks fill nodes in order (local rank = GPU), nodes taken
+    'compact' (rack after rack), 'spread' (round-robin over the racks) or 'scattered' (random
+    nodes of the whole machine, `seed`)."""
+    per = spec.node.gpus
+    if ranks % per and ranks > per:
+        raise ValueError(f"{ranks} ranks do not fill nodes of {per}")
+    nodes_needed = max(1, ranks // per)
+    if nodes_needed > spec.nodes:
+        raise ValueError(f"{ranks} ranks need {nodes_needed} nodes; {spec.name} has {spec.nodes}")
+    every = list(range(spec.nodes))
+    if how == "compact":
+        nodes = every[:nodes_needed]
+    elif how == "spread":
+        nodes = sorted(every, key=lambda n: (n % spec.nodes_per_rack, n // spec.nodes_per_rack))
+        nodes = sorted(nodes[:nodes_needed])
+    elif how == "scattered":
+        nodes = random.Random(seed).sample(every, nodes_needed)
+    else:
+        raise ValueError(f"placement must be compact, spread or scattered, got {how!r}")
+    return [nodes[r // per] * per + r % per for r in range(ranks)]
+
+
+@dataclasses.dataclass
+class PhaseTime:
+    name: str
+    steps: int
+    step_seconds: float  # simulated, network only
+    extra_seconds: float  # per_op + summing (the cost model's, not network)
+
+    @property
+    def seconds(self) -> float:
+        return self.steps * self.step_seconds + self.extra_seconds
+
+
+class Simulator:
+    """Runs collectives on a Platform's clusters; per_op and gamma are the non-network costs
+    (per collective call, per byte summed) added as the cost model adds them."""
+
+    def __init__(self, platform: Platform, per_op: float = 0.0, gamma: float = 0.0):
+        self.platform = platform
+        self.per_op = per_op
+        self.gamma = gamma
+
+    def allreduce(self, cluster: str, algorithm: str, grid: TorusGrid,
+                  buffers: Sequence[float], how: str = "compact",
+                  per_op: Optional[float] = None, gamma: Optional[float] = None
+                  ) -> List[List[PhaseTime]]:
+        return self.many([(cluster, algorithm, grid, buffers, how, per_op, gamma)])[0]
+
+    def many(self, requests) -> List[List[List[PhaseTime]]]:
+        """Several all-reduces in one simulation run: [(cluster, algorithm, grid, buffers,
+        placement, per_op, gamma)] -> per request, per buffer, the phases' times."""
+        jobs, layout = [], []
+        for cluster, algorithm, grid, buffers, how, per_op, gamma in requests:
+            spec = self.platform.specs[cluster]
+            gpu_of_rank = placement(spec, grid.size, how)
+            per_request = []
+            for nbytes in buffers:
+                per_buffer = []
+                for ph in phases(algorithm, grid, nbytes, spec.node.gpus):
+                    jobs.append(StepJob(cluster, step_flows(ph, gpu_of_rank),
+                                        max(1, int(round(ph.chunk)))))
+                    per_buffer.append((ph, self.per_op if per_op is None else per_op,
+                                       self.gamma if gamma is None else gamma))
+                per_request.append(per_buffer)
+            layout.append(per_request)
+        times = iter(self.platform.run_steps(jobs))
+        out = []
+        for per_request in layout:
+            out.append([[PhaseTime(ph.name, ph.steps, next(times), op + ph.reduced_bytes * g)
+                         for ph, op, g in per_buffer] for per_buffer in per_request])
+        return out
+
+
+def total(result: List[List[PhaseTime]]) -> float:
+    return sum(p.seconds for buf in result for p in buf)
+
+
+# ==================================================================================================
+# ResNet-50's gradients as tftorus' fusion cuts them
+# ==================================================================================================
+
+def resnet50_buckets(bytes_per_element: int = 2,
+                     threshold: Optional[int] = None) -> List[int]:
+    """Byte sizes of the fused buffers tftorus sends for ResNet-50's 214 gradients on a wire of
+    `bytes_per_element` (2: FP16), cut by tftorus.fusion.plan_buckets (16 MiB by default).
+    Builds Keras' ResNet-50 for the shapes (TensorFlow; a study only)."""
+    import tensorflow as tf
+    from studies.benchmark_allreduce import resnet50_shapes
+    from tftorus import fusion
+    dtype = {2: tf.float16, 4: tf.float32}[bytes_per_element]
+    specs = [tf.TensorSpec(s, dtype) for s in resnet50_shapes()]
+    buckets = fusion.plan_buckets(specs, fusion.DEFAULT_THRESHOLD_BYTES if threshold is None
+                                  else threshold)
+    sizes = [b.nbytes for b in buckets]
+    assert sum(sizes) == cm.RESNET50_PARAMS * bytes_per_element, sum(sizes)
+    return sizes
+
+
+# ==================================================================================================
+# Calibration: the emulated clusters
+# ==================================================================================================
+
+#: Medians (ms) measured on the emulated clusters, as docs/emulated_cluster.md quotes them
+#: ("Leader-based hierarchical, and hosts with several links", 2026-11-25), made by
+#:   sudo .venv/bin/python -m studies.emulated_cluster --sweep 2x2 2x4 4x2 --links-per-host 1 \
+#:       rank --engines horovod --variants hvd torus ring hierarchical --sizes 16M \
+#:       --resnet fp32 --repeats 5 --out /tmp/tftorus_rails
+#: (hosts, ranks, links) -> workload -> (ring, hierarchical, torus). --csv reads a fresh run.
+MEASURED_RAILS = {
+    (2, 2, 1): {"flat 16 MiB": (855, 610, 597), "resnet50 fp32": (5221, 3775, 3656)},
+    (2, 2, 2): {"flat 16 MiB": (861, 611, 311), "resnet50 fp32": (5313, 3757, 1991)},
+    (2, 4, 1): {"flat 16 MiB": (1018, 682, 645), "resnet50 fp32": (6123, 4143, 3843)},
+    (2, 4, 4): {"flat 16 MiB": (995, 688, 206), "resnet50 fp32": (6082, 4166, 1272)},
+    (4, 2, 1): {"flat 16 MiB": (1023, 978, 940), "resnet50 fp32": (6201, 5773, 5621)},
+    (4, 2, 2): {"flat 16 MiB": (1044, 956, 556), "resnet50 fp32": (6214, 5856, 5554)},
+}
+CAL_ALGOS = ("ring", "hierarchical", "torus")
+MIB = 1 << 20
+#: ResNet-50's FP32 gradient set, 97.6 MiB.
+RESNET50_FP32_BYTES = 4 * cm.RESNET50_PARAMS
+
+
+def read_rails_csv(path: str) -> Dict[tuple, Dict[str, tuple]]:
+    """MEASURED_RAILS' shape from a studies.emulated_cluster CSV (variant medians)."""
+    import csv
+    out: Dict[tuple, Dict[str, Dict[str, float]]] = {}
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            if row.get("kind") != "variant" or row.get("name") not in CAL_ALGOS:
+                continue
+            links = row.get("links_per_host") or "1"
+            key = (int(row["hosts"]), int(row["ranks_per_host"]), int(links))
+            out.setdefault(key, {}).setdefault(row["workload"], {})[row["name"]] = float(
+                row["median_ms"])
+    return {k: {w: tuple(v.get(a, math.nan) for a in CAL_ALGOS) for w, v in ws.items()}
+            for k, ws in out.items()}
+
+
+def calibration_specs(copy_bw: float) -> List[ClusterSpec]:
+    return [emulated(f"emu{h}x{r}l{k}", h, r, k, copy_bw=copy_bw)
+            for (h, r, k) in sorted(MEASURED_RAILS)]
+
+
+# ==================================================================================================
+# The paper's scale
+# ==================================================================================================
+
+SWEEP_SIZES = (64, 128, 256, 512, 1024, 2048, 3456, 4096)
+
+
+class SimulatedModel:
+    """What cal.StepModel needs of a cost model (seconds, topology), answered from simulated
+    all-reduce times: the cost model's step model, with the simulator's communication."""
+
+    def __init__(self, seconds: Dict[Tuple[str, int, int], float], ranks_per_host: int = 4):
+        self._seconds = seconds
+        self.topology = cm.Topology(ranks_per_host=ranks_per_host, nics_per_host=2)
+
+    def seconds(self, algorithm: str, grid: TorusGrid, nbytes: float, **kw) -> float:
+        return self._seconds[(algorithm, grid.size, grid.x)]
+
+
+def torus_grids(size: int) -> Dict[str, TorusGrid]:
+    grids = {"planner": plan_grid(size, 4)}
+    if size in PAPER_GRIDS:
+        grids["paper"] = TorusGrid(size=size, x=PAPER_GRIDS[size][1])
+    return grids
+
+
+#: TCP over the emulated links: `tbf` counts each Ethernet frame (1,514 bytes at the veth's
+#: 1,500-byte MTU) and a frame carries 1,448 bytes of payload (IPv4 20 + TCP 32 with Linux's
+#: default timestamps): the payload rate is 1448/1514 of the link's. Derived, not fitted.
+TCP_PAYLOAD_FRACTION = 1448 / 1514
+
+#: The emulated hosts' row phases timed alone (Horovod engine, every host at work; medians,
+#: ms), as docs/emulated_cluster.md quotes them, the 2 x 2 from
+#:   sudo .venv/bin/python -m studies.emulated_cluster --hosts 2 --ranks-per-host 2 \
+#:       --link-gbit 0.25 --engines horovod tf --sizes 16M 64M --resnet fp32 --repeats 3 ...
+#:   ("2 hosts x 2 ranks ... with 4 chunks", 2026-11-24; its Horovod phases)
+#: and the 2 x 4 from
+#:   sudo .venv/bin/python -m studies.emulated_cluster --hosts 2 --ranks-per-host 4 \
+#:       --link-gbit 0.25 --engines horovod --sizes 16M 64M --resnet fp32   (2026-11-24)
+#: (hosts, ranks) -> workload -> (row reduce-scatter, row all-gather). They fix the two
+#: costs the network leaves out, one machine-wide copy rate for loopback and Horovod's fixed
+#: cost per collective; the all-reduces the calibration predicts are other runs.
+MEASURED_ROW_PHASES = {
+    (2, 2): {"flat 16 MiB": (34, 25), "flat 64 MiB": (85, 61), "resnet50 fp32": (130, 109)},
+    (2, 4): {"flat 16 MiB": (55, 51), "flat 64 MiB": (174, 148), "resnet50 fp32": (259, 226)},
+}
+
+
+def workload_bytes(workload: str) -> int:
+    if workload == "resnet50 fp32":
+        return RESNET50_FP32_BYTES  # one buffer: the benchmark's fusion threshold is 128 MiB
+    return int(workload.split()[1]) * MIB
+
+
+def row_phase_volume(hosts: int, ranks: int, nbytes: float) -> float:
+    """Bytes all ranks of all hosts move over loopback in one row reduce-scatter (= all-gather)
+    of `nbytes` with a row per host: X-1 steps of n/X per rank."""
+    return hosts * ranks * (ranks - 1) * nbytes / ranks
+
+
+def fit_host_costs() -> Tuple[float, float, float]:
+    """(copy bytes/s for the whole machine, seconds per collective, rms relative error): the
+    least-squares line t = per_op + volume / copy through MEASURED_ROW_PHASES."""
+    import numpy as np
+    rows, times = [], []
+    for (h, r), ws in MEASURED_ROW_PHASES.items():
+        for w, pair in ws.items():
+            for t in pair:
+                rows.append([1.0, row_phase_volume(h, r, workload_bytes(w))])
+                times.append(t * 1e-3)
+    a, t = np.array(rows), np.array(times)
+    w = 1.0 / t  # relative error
+    (per_op, inv_bw), *_ = np.linalg.lstsq(a * w[:, None], t * w, rcond=None)
+    err = (a @ [per_op, inv_bw] - t) / t
+    return 1.0 / inv_bw, float(per_op), float(np.sqrt(np.mean(err ** 2)))
+
+
+def calibration(measured: Dict[tuple, Dict[str, tuple]]) -> List[dict]:
+    """Predict every measured emulated all-reduce; rows of a side-by-side table."""
+    copy_bw, per_op, fit_err = fit_host_costs()
+    specs = [emulated(f"emu{h}x{r}l{k}", h, r, k, link_bw=EMULATED_LINK_BW * TCP_PAYLOAD_FRACTION,
+                      copy_bw=copy_bw) for (h, r, k) in sorted(measured)]
+    bare = [emulated(f"bare{h}x{r}l{k}", h, r, k) for (h, r, k) in sorted(measured)]
+    sim = Simulator(Platform(specs + bare), per_op=per_op)
+    requests, keys = [], []
+    for (h, r, k), workloads in sorted(measured.items()):
+        grid = TorusGrid(size=h * r, x=r)
+        for w in workloads:
+            for a in CAL_ALGOS:
+                n = workload_bytes(w)
+                requests.append((f"emu{h}x{r}l{k}", a, grid, [n], "compact", None, None))
+                requests.append((f"bare{h}x{r}l{k}", a, grid, [n], "compact", 0.0, 0.0))
+                keys.append((h, r, k, w, a))
+    results = sim.many(requests)
+    rows = []
+    for i, (h, r, k, w, a) in enumerate(keys):
+        full, floor = total(results[2 * i]), total(results[2 * i + 1])
+        meas = measured[(h, r, k)][w][CAL_ALGOS.index(a)] * 1e-3
+        rows.append(dict(hosts=h, ranks=r, links=k, workload=w, algorithm=a, floor=floor,
+                         simulated=full, measured=meas, error=(full - meas) / meas))
+    rows.append(dict(copy_bw=copy_bw, per_op=per_op, fit_err=fit_err))
+    return rows
+
+
+def print_calibration(rows: List[dict], source: str) -> None:
+    fit = rows[-1]
+    rows = rows[:-1]
+    print("## Calibration: the emulated clusters, simulated against measured\n")
+    print(f"- measured: {source}")
+    print(f"- simulated: host links {EMULATED_LINK_BW * 8 / 1e9:.2f} Gbit/s x TCP payload "
+          f"{TCP_PAYLOAD_FRACTION:.3f} = {EMULATED_LINK_BW * TCP_PAYLOAD_FRACTION / 1e6:.2f} MB/s "
+          f"each way, no latency; loopback of all hosts through one copy link of "
+          f"{fit['copy_bw'] / 1e9:.2f} GB/s; {fit['per_op'] * 1e3:.1f} ms per collective (both "
+          f"fitted to the row phases timed alone, MEASURED_ROW_PHASES: rms {fit['fit_err']:.1%})")
+    print("- floor: the same simulation with the nominal link rate and nothing else (the "
+          "network alone)\n")
+    print("| hosts x ranks | links per host | workload | algorithm | floor ms | simulated ms | "
+          "measured ms | simulated / measured - 1 |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        flag = " **" if abs(r["error"]) > 0.15 else ""
+        print(f"| {r['hosts']} x {r['ranks']} | {r['links']} | {r['workload']} | "
+              f"{r['algorithm']} | {r['floor'] * 1e3:.0f} | {r['simulated'] * 1e3:.0f} | "
+              f"{r['measured'] * 1e3:.0f} | {r['error']:+.1%}{flag} |")
+    within = sum(abs(r["error"]) <= 0.15 for r in rows)
+    print(f"\n{within} of {len(rows)} within 15 % (** marks the others).\n")
