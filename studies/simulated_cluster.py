@@ -360,8 +360,9 @@ def step_flows(phase: SimPhase, gpu_of_rank: Sequence[int]) -> Tuple[Tuple[int, 
 
 def placement(spec: ClusterSpec, ranks: int, how: str = "compact", seed: int = 0) -> List[int]:
     """GPU index of each rank: ranks fill nodes in order (local rank = GPU), nodes taken
-    'compact' (rack after rack), 'spread' (round-robin over the racks) or 'scattered' (random
-    nodes of the whole machine, `seed`)."""
+    'compact' (rack after rack), 'fragmented' (random nodes of the whole machine, `seed`,
+    ranks in node order, as a sorted host list gives them) or 'scattered' (the same nodes in
+    random order: almost every ring hop leaves its rack)."""
     per = spec.node.gpus
     if ranks % per and ranks > per:
         raise ValueError(f"{ranks} ranks do not fill nodes of {per}")
@@ -371,13 +372,12 @@ def placement(spec: ClusterSpec, ranks: int, how: str = "compact", seed: int = 0
     every = list(range(spec.nodes))
     if how == "compact":
         nodes = every[:nodes_needed]
-    elif how == "spread":
-        nodes = sorted(every, key=lambda n: (n % spec.nodes_per_rack, n // spec.nodes_per_rack))
-        nodes = sorted(nodes[:nodes_needed])
+    elif how == "fragmented":
+        nodes = sorted(random.Random(seed).sample(every, nodes_needed))
     elif how == "scattered":
         nodes = random.Random(seed).sample(every, nodes_needed)
     else:
-        raise ValueError(f"placement must be compact, spread or scattered, got {how!r}")
+        raise ValueError(f"placement must be compact, fragmented or scattered, got {how!r}")
     return [nodes[r // per] * per + r % per for r in range(ranks)]
 
 
@@ -498,11 +498,6 @@ def read_rails_csv(path: str) -> Dict[tuple, Dict[str, tuple]]:
             for k, ws in out.items()}
 
 
-def calibration_specs(copy_bw: float) -> List[ClusterSpec]:
-    return [emulated(f"emu{h}x{r}l{k}", h, r, k, copy_bw=copy_bw)
-            for (h, r, k) in sorted(MEASURED_RAILS)]
-
-
 # ==================================================================================================
 # The paper's scale
 # ==================================================================================================
@@ -580,13 +575,19 @@ def fit_host_costs() -> Tuple[float, float, float]:
     return 1.0 / inv_bw, float(per_op), float(np.sqrt(np.mean(err ** 2)))
 
 
-def calibration(measured: Dict[tuple, Dict[str, tuple]]) -> List[dict]:
-    """Predict every measured emulated all-reduce; rows of a side-by-side table."""
-    copy_bw, per_op, fit_err = fit_host_costs()
+def calibration_specs(measured: Dict[tuple, Dict[str, tuple]]) -> List[ClusterSpec]:
+    """Each measured emulated cluster twice: as calibrated ('emu...') and bare ('bare...':
+    nominal link rate, free loopback; the network alone)."""
+    copy_bw, _, _ = fit_host_costs()
     specs = [emulated(f"emu{h}x{r}l{k}", h, r, k, link_bw=EMULATED_LINK_BW * TCP_PAYLOAD_FRACTION,
                       copy_bw=copy_bw) for (h, r, k) in sorted(measured)]
-    bare = [emulated(f"bare{h}x{r}l{k}", h, r, k) for (h, r, k) in sorted(measured)]
-    sim = Simulator(Platform(specs + bare), per_op=per_op)
+    return specs + [emulated(f"bare{h}x{r}l{k}", h, r, k) for (h, r, k) in sorted(measured)]
+
+
+def calibration(platform: Platform, measured: Dict[tuple, Dict[str, tuple]]) -> List[dict]:
+    """Predict every measured emulated all-reduce; rows of a side-by-side table."""
+    copy_bw, per_op, fit_err = fit_host_costs()
+    sim = Simulator(platform, per_op=per_op)
     requests, keys = [], []
     for (h, r, k), workloads in sorted(measured.items()):
         grid = TorusGrid(size=h * r, x=r)
@@ -629,3 +630,256 @@ def print_calibration(rows: List[dict], source: str) -> None:
               f"{r['measured'] * 1e3:.0f} | {r['error']:+.1%}{flag} |")
     within = sum(abs(r["error"]) <= 0.15 for r in rows)
     print(f"\n{within} of {len(rows)} within 15 % (** marks the others).\n")
+
+
+# ==================================================================================================
+# ABCI at the paper's scale
+# ==================================================================================================
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """One way of running the sweep: which cluster, which buffers, where the job sits."""
+
+    label: str
+    cluster: str = "abci"
+    buffers: str = "one"  # 'one': the paper's single fused FP16 buffer; 'buckets': tftorus'
+    how: str = "compact"
+
+
+ABCI = "abci"  # 24 uplinks per rack of 34 nodes (1/3 oversubscription)
+ABCI_FULL = "abci-full-bisection"  # the same with no limit above the rack
+ABCI_NEEDED = "abci-needed"  # DIAGNOSTIC: fewer effective uplinks (what Table 6 would need)
+NEEDED_UPLINKS = 14
+PAPER_SIZES = (1024, 2048, 3456, 4096)
+
+
+def abci_specs() -> List[ClusterSpec]:
+    return [abci(ABCI), dataclasses.replace(abci(ABCI_FULL), uplink_bw=0.0),
+            abci(ABCI_NEEDED, uplinks_per_rack=NEEDED_UPLINKS)]
+
+
+#: The sweep's variants; the first is the main prediction.
+VARIANTS = (
+    Variant("compact, one buffer (the paper's)"),
+    Variant("compact, tftorus' FP16 buckets", buffers="buckets"),
+    Variant("compact, no oversubscription", cluster=ABCI_FULL),
+    Variant("fragmented (random nodes, in node order), one buffer", how="fragmented"),
+    Variant("scattered (random nodes, random order), one buffer", how="scattered"),
+    Variant(f"DIAGNOSTIC: scattered, {NEEDED_UPLINKS} effective uplinks per rack",
+            cluster=ABCI_NEEDED, how="scattered"),
+)
+
+
+def abci_requests(variant: Variant, sizes: Sequence[int], buckets: Sequence[int],
+                  algorithms: Sequence[str] = ("ring", "hierarchical", "nccl-hierarchical",
+                                               "torus")) -> List[tuple]:
+    """(key, request) for every algorithm and grid of every size, plus the 4-GPU base."""
+    p = cm.abci_params()
+    bufs = [cal.RESNET50_FP16_BYTES] if variant.buffers == "one" else list(buckets)
+    out = []
+    for n in (4,) + tuple(sizes):
+        grids = {}
+        for a in algorithms:
+            if a == "torus":
+                for g in list(torus_grids(n).values()) + [cm.grid_for_algorithm("torus", n, 4)]:
+                    grids[(a, g.x)] = g
+            elif a in ("hierarchical", "nccl-hierarchical"):
+                g = cm.grid_for_algorithm("hierarchical", n, 4)
+                grids[(a, g.x)] = g
+            elif n > 4 or a == "ring":
+                g = plan_grid(n, 4)
+                grids[(a, g.x)] = g
+        for (a, x), g in grids.items():
+            out.append(((a, n, x), (variant.cluster, a, g, bufs, variant.how, p.per_op,
+                                    p.gamma)))
+    return out
+
+
+def run_variants(platform: Platform, variants: Sequence[Variant], sizes: Sequence[int],
+                 buckets: Sequence[int]) -> Dict[str, Dict[tuple, List[List[PhaseTime]]]]:
+    """Every variant's all-reduces in one simulation: label -> (algorithm, size, x) -> phases."""
+    sim = Simulator(platform)
+    keyed = [(v.label, key, req) for v in variants
+             for key, req in abci_requests(v, sizes, buckets)]
+    results = sim.many([req for _, _, req in keyed])
+    out: Dict[str, Dict[tuple, List[List[PhaseTime]]]] = {v.label: {} for v in variants}
+    for (label, key, _), res in zip(keyed, results):
+        out[label][key] = res
+    return out
+
+
+def step_model(results: Dict[tuple, List[List[PhaseTime]]]) -> cal.StepModel:
+    """The cost model's step model (studies/cost_calibration.py) on simulated all-reduces."""
+    return cal.StepModel(SimulatedModel({k: total(v) for k, v in results.items()}))
+
+
+def paper_grid(size: int) -> TorusGrid:
+    return TorusGrid(size=size, x=PAPER_GRIDS[size][1]) if size in PAPER_GRIDS else plan_grid(
+        size, 4)
+
+
+def implied_torus_ms(size: int, sm: cal.StepModel) -> float:
+    """The all-reduce time Table 6's step implies: N x 32 / img/s less the compute."""
+    return (size * cal.PAPER_BATCH_PER_GPU / cal.PAPER_TABLE6[size] - sm.compute_seconds) * 1e3
+
+
+def print_sweep(results, variant: Variant, sizes: Sequence[int]) -> None:
+    from studies import scale_model as smod
+    sm = step_model(results[variant.label])
+    cmodel = smod.step_model()
+    cmodel1 = smod.step_model(nics_per_rank=1)
+    print(f"### {variant.label}\n")
+    print("| GPUs | ring ms | hierarchical ms | NCCL hierarchical ms | torus grid (Table 4) | "
+          "torus ms | planner's grid | torus ms | cost model torus ms (HCAs pooled / one per "
+          "GPU pair) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for n in sizes:
+        g, pg = paper_grid(n), plan_grid(n, 4)
+        hg = cm.grid_for_algorithm("hierarchical", n, 4)
+        print(f"| {n} | {sm.comm_seconds('ring', n) * 1e3:.1f} | "
+              f"{sm.comm_seconds('hierarchical', n, hg) * 1e3:.1f} | "
+              f"{sm.comm_seconds('nccl-hierarchical', n, hg) * 1e3:.1f} | "
+              f"{g if n in PAPER_GRIDS else '-'} | "
+              f"{sm.comm_seconds('torus', n, g) * 1e3:.2f} | {pg} | "
+              f"{sm.comm_seconds('torus', n, pg) * 1e3:.2f} | "
+              f"{cmodel.comm_seconds('torus', n, g) * 1e3:.2f} / "
+              f"{cmodel1.comm_seconds('torus', n, g) * 1e3:.2f} |")
+    print()
+
+
+def efficiencies(results, variants: Sequence[Variant], sizes: Sequence[int]
+                 ) -> Dict[str, List[float]]:
+    out = {}
+    for v in variants:
+        sm = step_model(results[v.label])
+        out[v.label] = [sm.efficiency("torus", n, paper_grid(n)) for n in sizes]
+    return out
+
+
+def print_table6(results, variants: Sequence[Variant]) -> Dict[str, List[float]]:
+    from studies import scale_model as smod
+    sizes = PAPER_SIZES
+    effs = efficiencies(results, variants, sizes)
+    print("## Table 6: torus efficiency %, simulated, beside the paper's and the cost model's\n")
+    print("Table 4's grids; step = compute + all-reduce (the cost model's StepModel, no "
+          "overlap; compute from Table 6's 4-GPU point less that row's own simulated 4-GPU "
+          "all-reduce); efficiency against Table 6's 4-GPU img/s x N/4.\n")
+    print("| | " + " | ".join(str(n) for n in sizes) + " |")
+    print("|---|" + "---|" * len(sizes))
+    print("| Table 6 | " + " | ".join(f"{cal.PAPER_TABLE6_EFFICIENCY[n]:.2f}" for n in sizes)
+          + " |")
+    for label, sm in (("cost model, base (a node's 2 HCAs pooled)", smod.step_model()),
+                      ("cost model, one HCA per rank", smod.step_model(nics_per_rank=1))):
+        print(f"| {label} | " + " | ".join(
+            f"{sm.efficiency('torus', n, paper_grid(n)):.1f}" for n in sizes) + " |")
+    for v in variants:
+        print(f"| simulated: {v.label} | " + " | ".join(
+            f"{e:.1f} ({e - cal.PAPER_TABLE6_EFFICIENCY[n]:+.1f})"
+            for n, e in zip(sizes, effs[v.label])) + " |")
+    print("\n(in brackets: simulated - Table 6, percentage points)\n")
+    return effs
+
+
+def print_phases(results, variants: Sequence[Variant]) -> None:
+    print("## Where the torus' time goes (one buffer, Table 4's grids), ms\n")
+    print("| GPUs | grid | variant | row reduce-scatter | column all-reduce | row all-gather | "
+          "torus | Table 6 implies |")
+    print("|---|---|---|---|---|---|---|---|")
+    for n in PAPER_SIZES:
+        g = paper_grid(n)
+        for v in variants:
+            if v.buffers != "one":
+                continue
+            res = results[v.label][("torus", n, g.x)][0]
+            sm = step_model(results[v.label])
+            print(f"| {n} | {g} | {v.label} | " + " | ".join(f"{p.seconds * 1e3:.2f}"
+                                                           for p in res)
+                  + f" | {sum(p.seconds for p in res) * 1e3:.2f} | "
+                    f"{implied_torus_ms(n, sm):.2f} |")
+    print()
+
+
+def plot(png: str, results, effs_sizes: Sequence[int]) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from studies import scale_model as smod
+    fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    sizes = [n for n in effs_sizes]
+    cmodel = smod.step_model()
+    ax.plot(sizes, [cmodel.efficiency("torus", n, paper_grid(n)) for n in sizes], "k--",
+            label="cost model (HCAs pooled)")
+    styles = ["o-", "s-", None, "v-", "^-", "x:"]
+    for v, style in zip(VARIANTS, styles):
+        if style is None:
+            continue
+        sm = step_model(results[v.label])
+        ax.plot(sizes, [sm.efficiency("torus", n, paper_grid(n)) for n in sizes], style,
+                label=f"simulated: {v.label}")
+    ax.plot(list(PAPER_SIZES), [cal.PAPER_TABLE6_EFFICIENCY[n] for n in PAPER_SIZES], "r*",
+            markersize=14, label="Table 6 (measured)")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sizes)
+    ax.set_xticklabels([str(n) for n in sizes], fontsize=8)
+    ax.set_xlabel("GPUs")
+    ax.set_ylabel("scaling efficiency, % (torus, batch 32 per GPU)")
+    ax.set_title("ResNet-50 on ABCI: Table 6 against the cost model and SimGrid")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="lower left")
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    print(f"wrote {png}\n")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--csv", default=None,
+                   help="studies.emulated_cluster CSV to calibrate against (default: the "
+                        "medians docs/emulated_cluster.md quotes, MEASURED_RAILS)")
+    p.add_argument("--only", choices=("calibration", "abci"), default=None,
+                   help="run one part only")
+    p.add_argument("--png", default=DEFAULT_PNG, help="efficiency plot (default: %(default)s)")
+    p.add_argument("--no-plot", dest="plot", action="store_false", help="skip the PNG")
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] = None) -> int:
+    args = parse_args(argv)
+    if load_simgrid() is None:
+        print(f"skipped: {SIMGRID_MISSING}", file=sys.stderr)
+        return 77
+    measured, source = MEASURED_RAILS, (
+        "medians quoted in docs/emulated_cluster.md (2026-11-25; MEASURED_RAILS)")
+    if args.csv:
+        measured, source = read_rails_csv(args.csv), args.csv
+    specs = []
+    if args.only != "abci":
+        specs += calibration_specs(measured)
+    buckets: List[int] = []
+    if args.only != "calibration":
+        specs += abci_specs()
+        buckets = resnet50_buckets()
+    platform = Platform(specs)
+    if args.only != "abci":
+        print_calibration(calibration(platform, measured), source)
+    if args.only == "calibration":
+        return 0
+    print("## ABCI at the paper's scale\n")
+    print(f"- ResNet-50's gradients in FP16: one buffer of {cal.RESNET50_FP16_BYTES / 1e6:.1f} "
+          f"MB (the paper), or tftorus' fusion buckets: "
+          + ", ".join(f"{b / 1e6:.1f}" for b in buckets) + " MB (16 MiB threshold; Horovod "
+          "engine: no chunks)")
+    print("- per collective 8.4 us and summing 3.33 ps/byte added to the simulated network "
+          "time, as in the cost model (cm.abci_params)\n")
+    results = run_variants(platform, VARIANTS, SWEEP_SIZES, buckets)
+    for v in VARIANTS[:2]:
+        print_sweep(results, v, SWEEP_SIZES)
+    print_table6(results, VARIANTS)
+    print_phases(results, VARIANTS)
+    if args.plot:
+        plot(args.png, results, SWEEP_SIZES)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
