@@ -358,11 +358,17 @@ def step_flows(phase: SimPhase, gpu_of_rank: Sequence[int]) -> Tuple[Tuple[int, 
     return tuple(flows)
 
 
-def placement(spec: ClusterSpec, ranks: int, how: str = "compact", seed: int = 0) -> List[int]:
+def placement(spec: ClusterSpec, ranks: int, how="compact", seed: int = 0) -> List[int]:
     """GPU index of each rank: ranks fill nodes in order (local rank = GPU), nodes taken
     'compact' (rack after rack), 'fragmented' (random nodes of the whole machine, `seed`,
     ranks in node order, as a sorted host list gives them) or 'scattered' (the same nodes in
-    random order: almost every ring hop leaves its rack)."""
+    random order: almost every ring hop leaves its rack). A sequence: the GPU of each rank."""
+    if not isinstance(how, str):
+        gpus = [int(g) for g in how]
+        if len(gpus) != ranks or len(set(gpus)) != ranks or not all(
+                0 <= g < spec.gpus for g in gpus):
+            raise ValueError(f"a placement must name {ranks} distinct GPUs of {spec.name}")
+        return gpus
     per = spec.node.gpus
     if ranks % per and ranks > per:
         raise ValueError(f"{ranks} ranks do not fill nodes of {per}")
