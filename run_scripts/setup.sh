@@ -131,8 +131,31 @@ PY
   log "done: activate with 'source $venv/bin/activate'"
   exit 0
 fi
+# SimGrid for the studies only (studies/simulated_cluster.py; no test or product code needs
+# it): Debian's python3-simgrid, where apt-get exists and we are root or have passwordless sudo.
+# Quiet and never fatal: a failure prints one line. Already there: a file test, no apt call.
+simgrid_for_studies() {
+  local so
+  so="/usr/lib/python3/dist-packages/simgrid$("$py" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))' 2>/dev/null)"
+  [ -e "$so" ] && return 0
+  command -v apt-get >/dev/null 2>&1 || return 0
+  local sudo=""
+  if [ "$(id -u)" != 0 ]; then
+    sudo -n true 2>/dev/null || return 0
+    sudo="sudo -n"
+  fi
+  if $sudo env DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y -qq python3-simgrid \
+       >"$venv/simgrid-apt.log" 2>&1 && [ -e "$so" ]; then
+    log "SimGrid installed for the studies (python3-simgrid)"
+  else
+    log "SimGrid not installed (studies/simulated_cluster.py will skip; log: $venv/simgrid-apt.log)"
+  fi
+  return 0
+}
+
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] \
    && "$venv/bin/horovodrun" --check-build >/dev/null 2>&1; then
+  simgrid_for_studies
   log "already set up in $venv (delete $stamp to force a reinstall)"
   exit 0
 fi
@@ -201,4 +224,5 @@ for need in TensorFlow Gloo; do
 done
 echo classic > "$marker"
 echo "$want" > "$stamp"
+simgrid_for_studies
 log "done: activate with 'source $venv/bin/activate'"
