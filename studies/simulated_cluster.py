@@ -650,6 +650,7 @@ class Variant:
     cluster: str = "abci"
     buffers: str = "one"  # 'one': the paper's single fused FP16 buffer; 'buckets': tftorus'
     how: str = "compact"
+    seed: int = 0  # of the random placements
 
 
 ABCI = "abci"  # 24 uplinks per rack of 34 nodes (1/3 oversubscription)
@@ -676,6 +677,10 @@ VARIANTS = (
 )
 
 
+def platform_spec(name: str) -> ClusterSpec:
+    return {s.name: s for s in abci_specs()}[name]
+
+
 def abci_requests(variant: Variant, sizes: Sequence[int], buckets: Sequence[int],
                   algorithms: Sequence[str] = ("ring", "hierarchical", "nccl-hierarchical",
                                                "torus")) -> List[tuple]:
@@ -696,17 +701,19 @@ def abci_requests(variant: Variant, sizes: Sequence[int], buckets: Sequence[int]
                 g = plan_grid(n, 4)
                 grids[(a, g.x)] = g
         for (a, x), g in grids.items():
-            out.append(((a, n, x), (variant.cluster, a, g, bufs, variant.how, p.per_op,
-                                    p.gamma)))
+            how = variant.how if variant.how == "compact" else placement(
+                platform_spec(variant.cluster), n, variant.how, variant.seed)
+            out.append(((a, n, x), (variant.cluster, a, g, bufs, how, p.per_op, p.gamma)))
     return out
 
 
 def run_variants(platform: Platform, variants: Sequence[Variant], sizes: Sequence[int],
-                 buckets: Sequence[int]) -> Dict[str, Dict[tuple, List[List[PhaseTime]]]]:
+                 buckets: Sequence[int], algorithms: Sequence[str] = ALGORITHMS
+                 ) -> Dict[str, Dict[tuple, List[List[PhaseTime]]]]:
     """Every variant's all-reduces in one simulation: label -> (algorithm, size, x) -> phases."""
     sim = Simulator(platform)
     keyed = [(v.label, key, req) for v in variants
-             for key, req in abci_requests(v, sizes, buckets)]
+             for key, req in abci_requests(v, sizes, buckets, algorithms)]
     results = sim.many([req for _, _, req in keyed])
     out: Dict[str, Dict[tuple, List[List[PhaseTime]]]] = {v.label: {} for v in variants}
     for (label, key, _), res in zip(keyed, results):
@@ -805,6 +812,25 @@ def print_phases(results, variants: Sequence[Variant]) -> None:
     print()
 
 
+SEEDS = (0, 1, 2, 3, 4)
+
+
+def print_seeds(platform: Platform) -> None:
+    """The random placements depend on their draw: torus efficiency over several seeds."""
+    variants = [Variant(f"{how} seed {seed}", how=how, seed=seed)
+                for how in ("scattered", "fragmented") for seed in SEEDS]
+    results = run_variants(platform, variants, PAPER_SIZES, [], algorithms=("torus",))
+    effs = efficiencies(results, variants, PAPER_SIZES)
+    print("## Random placements: torus efficiency % by seed (one buffer, Table 4's grids)\n")
+    print("| placement | " + " | ".join(str(n) for n in PAPER_SIZES) + " |")
+    print("|---|" + "---|" * len(PAPER_SIZES))
+    for how in ("fragmented", "scattered"):
+        rows = [effs[f"{how} seed {seed}"] for seed in SEEDS]
+        print(f"| {how}, seeds {SEEDS[0]}-{SEEDS[-1]}: min - max | " + " | ".join(
+            f"{min(col):.1f} - {max(col):.1f}" for col in zip(*rows)) + " |")
+    print()
+
+
 def plot(png: str, results, effs_sizes: Sequence[int]) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -827,6 +853,8 @@ def plot(png: str, results, effs_sizes: Sequence[int]) -> None:
     ax.set_xscale("log", base=2)
     ax.set_xticks(sizes)
     ax.set_xticklabels([str(n) for n in sizes], fontsize=8)
+    for label in ax.get_xticklabels()[-2:]:
+        label.set_rotation(40)
     ax.set_xlabel("GPUs")
     ax.set_ylabel("scaling efficiency, % (torus, batch 32 per GPU)")
     ax.set_title("ResNet-50 on ABCI: Table 6 against the cost model and SimGrid")
@@ -882,6 +910,7 @@ def main(argv: Sequence[str] = None) -> int:
         print_sweep(results, v, SWEEP_SIZES)
     print_table6(results, VARIANTS)
     print_phases(results, VARIANTS)
+    print_seeds(platform)
     if args.plot:
         plot(args.png, results, SWEEP_SIZES)
     return 0
