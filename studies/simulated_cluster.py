@@ -1,11 +1,15 @@
 """The all-reduce on a simulated cluster: ABCI's network in SimGrid, checked against the emulated
 hosts and the paper's Table 6 (issue 40; docs/scale.md, "Simulated cluster").
 
-    python -m studies.simulated_cluster                 # calibration, ABCI sweep, plot
-    python -m studies.simulated_cluster --calibration   # only the emulated clusters
-    python -m studies.simulated_cluster --csv /tmp/tftorus_rails/allreduce.csv
-        calibration against a fresh studies.emulated_cluster CSV instead of the measured
-        medians quoted in docs/emulated_cluster.md
+    python -m studies.simulated_cluster                        # everything, ~2 min; the plot
+    python -m studies.simulated_cluster --only calibration     # the emulated clusters, ~7 s
+    python -m studies.simulated_cluster --only calibration --csv /tmp/tftorus_rails/allreduce.csv
+        against a fresh studies.emulated_cluster CSV instead of the medians quoted in
+        docs/emulated_cluster.md
+    python -m studies.simulated_cluster --only abci            # ABCI at the paper's scale
+
+Exits 77 (skipped), saying why, where SimGrid is missing. Tables print as Markdown, as
+docs/scale.md quotes them.
 
 A study: the product (tftorus/) never imports this module or SimGrid. SimGrid 3.32's Python
 bindings come from Debian's python3-simgrid (run_scripts/setup.sh installs it where apt works);
@@ -489,17 +493,25 @@ RESNET50_FP32_BYTES = 4 * cm.RESNET50_PARAMS
 
 
 def read_rails_csv(path: str) -> Dict[tuple, Dict[str, tuple]]:
-    """MEASURED_RAILS' shape from a studies.emulated_cluster CSV (variant medians)."""
+    """MEASURED_RAILS' shape from a studies.emulated_cluster CSV (variant medians; rows at
+    0.25 Gbit/s, the rate the calibration simulates; others are left out, and counted)."""
     import csv
     out: Dict[tuple, Dict[str, Dict[str, float]]] = {}
+    skipped = 0
     with open(path, newline="") as f:
         for row in csv.DictReader(f):
             if row.get("kind") != "variant" or row.get("name") not in CAL_ALGOS:
+                continue
+            if abs(float(row.get("link_gbit") or 0) - EMULATED_LINK_BW * 8 / 1e9) > 1e-9:
+                skipped += 1
                 continue
             links = row.get("links_per_host") or "1"
             key = (int(row["hosts"]), int(row["ranks_per_host"]), int(links))
             out.setdefault(key, {}).setdefault(row["workload"], {})[row["name"]] = float(
                 row["median_ms"])
+    if skipped:
+        print(f"{path}: {skipped} rows at other link rates than "
+              f"{EMULATED_LINK_BW * 8 / 1e9:g} Gbit/s left out", file=sys.stderr)
     return {k: {w: tuple(v.get(a, math.nan) for a in CAL_ALGOS) for w, v in ws.items()}
             for k, ws in out.items()}
 
@@ -553,9 +565,13 @@ MEASURED_ROW_PHASES = {
 
 
 def workload_bytes(workload: str) -> int:
+    """Bytes of a benchmark workload: 'flat 16 MiB', 'flat 64 KiB', 'resnet50 fp32'."""
     if workload == "resnet50 fp32":
         return RESNET50_FP32_BYTES  # one buffer: the benchmark's fusion threshold is 128 MiB
-    return int(workload.split()[1]) * MIB
+    if workload == "resnet50 fp16":
+        return cal.RESNET50_FP16_BYTES
+    _, number, unit = workload.split()
+    return int(number) * {"KiB": 1 << 10, "MiB": MIB, "GiB": 1 << 30}[unit]
 
 
 def row_phase_volume(hosts: int, ranks: int, nbytes: float) -> float:
