@@ -315,6 +315,15 @@ class LocalLauncherTest(tf.test.TestCase):
         # the launcher's own lines (its import of tftorus) may be bare; no rank's line is
         self.assertNotRegex(result.output, r"(?m)^(rank \d of 3|Traceback)")
 
+    def test_the_launcher_imports_no_tensorflow(self):
+        # its ranks do; TensorFlow in the launcher cost each job 2.5-3.8 s of CPU and held a
+        # TensorFlow runtime beside the ranks for the whole run
+        result = harness.run(["-X", "importtime", "-m", "tftorus.run", "--help"], timeout=60)
+        self.assertEqual(result.returncode, 0, harness.describe(result))
+        self.assertIn("tftorus.run", result.output)
+        self.assertRegex(result.output, r"(?m)\|\s+tftorus$")  # importtime's lines are there
+        self.assertNotRegex(result.output, r"(?m)\|\s+(tensorflow|keras|numpy)$")
+
     def test_a_failing_rank_ends_the_others(self):
         # the collective timeout is 300 s: only the launcher can end ranks 0 and 2 this early
         result = harness.run([RUN_PY, "-np", "3", "--grace", "5", WORKER, "--fail-rank", "1",

@@ -1,0 +1,85 @@
+"""What `import tftorus` gives (tftorus/__init__.py says what and where from)."""
+from tftorus import stack, world
+from tftorus.compression import Compression  # adds bf16 to Horovod's choices
+from tftorus.context import init, shutdown
+from tftorus.grid import PAPER_GRIDS, GridError, TorusGrid, plan_grid, resolve_grid
+from tftorus.reduction import (SUPPORTED_DTYPES, TorusOptions, fused_allreduce, gradient_reducer,
+                               reduce_gradients)
+
+__version__ = "0.1.0"
+
+_OWN = [
+    "init", "shutdown", "DistributedOptimizer", "DistributedGradientTape", "Compression",
+    "TorusOptions", "TorusGrid", "GridError", "PAPER_GRIDS", "plan_grid", "resolve_grid",
+    "gradient_reducer", "reduce_gradients", "fused_allreduce", "SUPPORTED_DTYPES", "world",
+]
+
+if stack.HOROVOD:
+    import horovod.tensorflow as _hvd_tf
+    from horovod.tensorflow import (  # noqa: F401  Horovod's own, unchanged
+        Adasum, Average, BroadcastGlobalVariablesHook, LocalGradientAggregationHelper, Max, Min,
+        ProcessSet, Product, Sum, SyncBatchNormalization, add_process_set, allgather,
+        allgather_object, allreduce, alltoall, broadcast, broadcast_, broadcast_global_variables,
+        broadcast_object, broadcast_object_fn, broadcast_variables, ccl_built, check_extension,
+        check_num_rank_power_of_2, cross_rank, cross_size, cuda_built, ddl_built, functions,
+        global_process_set, gloo_built, gloo_enabled, gpu_available, gradient_aggregation,
+        gradient_aggregation_eager, grouped_allgather, grouped_allreduce, grouped_reducescatter,
+        handle_average_backwards_compatibility, is_homogeneous, is_initialized, join, local_rank,
+        local_rank_op, local_size, local_size_op, mpi_built, mpi_enabled, mpi_ops,
+        mpi_threads_supported, nccl_built, process_set_included_op, rank, rank_op, reducescatter,
+        refs_to_vars, remove_process_set, rocm_built, size, size_op, split_list, start_timeline,
+        stop_timeline, sync_batch_norm, util, vars_to_refs)
+    from horovod.tensorflow.util import _executing_eagerly  # noqa: F401  Horovod's tests call it
+
+    from tftorus import elastic
+    from tftorus.optimizer import (DistributedGradientTape, PartialDistributedGradientTape,
+                                   check_optimizer, over_the_torus, torus_gradient_reduction)
+
+    def DistributedOptimizer(optimizer, *args, **kwargs):
+        """`horovod.tensorflow.DistributedOptimizer` (its arguments, for legacy TF optimizers and
+        Keras ones), reducing over the torus; torus options as tftorus.keras.DistributedOptimizer's.
+        The same implementation as that one (tftorus.optimizer.over_the_torus)."""
+        check_optimizer(optimizer)
+        return over_the_torus(_hvd_tf.DistributedOptimizer, optimizer, args, kwargs)
+
+    __all__ = _OWN + [
+        "PartialDistributedGradientTape", "torus_gradient_reduction", "elastic",
+        # Horovod's, unchanged
+        "Average", "Sum", "Adasum", "Min", "Max", "Product", "ProcessSet", "global_process_set",
+        "add_process_set", "remove_process_set", "allreduce", "grouped_allreduce", "allgather",
+        "grouped_allgather", "allgather_object", "broadcast", "broadcast_", "broadcast_object",
+        "broadcast_object_fn", "broadcast_variables", "broadcast_global_variables", "alltoall",
+        "reducescatter", "grouped_reducescatter", "join", "SyncBatchNormalization",
+        "BroadcastGlobalVariablesHook", "LocalGradientAggregationHelper",
+        "rank", "size", "local_rank", "local_size", "cross_rank", "cross_size", "rank_op",
+        "size_op", "local_rank_op", "local_size_op", "process_set_included_op", "is_initialized",
+        "is_homogeneous", "start_timeline", "stop_timeline", "mpi_built", "mpi_enabled",
+        "mpi_threads_supported", "gloo_built", "gloo_enabled", "nccl_built", "ddl_built",
+        "ccl_built", "cuda_built", "rocm_built", "gpu_available", "check_extension",
+        "check_num_rank_power_of_2", "handle_average_backwards_compatibility", "split_list",
+        "vars_to_refs", "refs_to_vars",
+        # Horovod's submodules
+        "util", "mpi_ops", "functions", "sync_batch_norm", "gradient_aggregation",
+        "gradient_aggregation_eager",
+    ]
+
+else:
+    from tftorus.keras3.optimizer import DistributedOptimizer
+    from tftorus.without_horovod import (  # Horovod's names, answered by the tf engine
+        Adasum, Average, DistributedGradientTape, Max, Min, Product, Sum, allgather,
+        allgather_object, allreduce, broadcast, broadcast_object, broadcast_variables, ccl_built,
+        cross_rank, cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled, is_initialized,
+        local_rank, local_size, mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank,
+        rocm_built, size)
+
+    __all__ = _OWN + [
+        "Average", "Sum", "Adasum", "Min", "Max", "Product", "allreduce", "allgather",
+        "allgather_object", "broadcast", "broadcast_object", "broadcast_variables", "rank",
+        "size", "local_rank", "local_size", "cross_rank", "cross_size", "is_initialized",
+        "mpi_built", "mpi_enabled", "mpi_threads_supported", "gloo_built", "gloo_enabled",
+        "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built",
+    ]
+
+    def __getattr__(name):  # Horovod's names without a meaning here: one line naming the stack
+        from tftorus.without_horovod import missing
+        raise missing("tftorus", name)
