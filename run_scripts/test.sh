@@ -69,13 +69,15 @@ run_stack() {  # run_stack STACK PYTEST-ARGS...
 }
 
 # With both stacks, the classic stack's set-up (mostly Horovod's compile) runs at the lowest CPU
-# priority while the current stack is set up and tested: the compile takes the cores the tests
+# (and disk) priority while the current stack is set up and tested: the compile takes the cores the tests
 # leave idle, and the tests' timings stay their own. Its lines come before the classic tests.
 classic_setup_pid=""
 classic_setup_log=""
 if [ "${#stacks[@]}" -gt 1 ]; then
   classic_setup_log="$(mktemp "${TMPDIR:-/tmp}/tftorus-classic-setup.XXXXXX")"
-  TFTORUS_STACK=classic nice -n 19 bash "$repo/run_scripts/setup.sh" >"$classic_setup_log" 2>&1 &
+  idle_io=(); if command -v ionice >/dev/null 2>&1; then idle_io=(ionice -c 3); fi
+  TFTORUS_STACK=classic nice -n 19 ${idle_io[@]+"${idle_io[@]}"} \
+    bash "$repo/run_scripts/setup.sh" >"$classic_setup_log" 2>&1 &
   classic_setup_pid=$!
   trap 'kill "$classic_setup_pid" 2>/dev/null; rm -f "$classic_setup_log"; exit 130' INT
   echo "[test] the classic stack's set-up runs in the background (lowest priority) while the current stack is tested"
