@@ -23,8 +23,10 @@ def _launching_only() -> bool:
     """`python -m tftorus.run ...`: Python imports this package before the launcher, which needs
     only the standard library. Importing TensorFlow there cost each launch 2.5-3.8 s of CPU
     and a TensorFlow runtime held in the launcher for the whole job; its ranks import it."""
+    if _sys.argv[:1] != ["-m"]:  # Python's placeholder while it locates a -m module
+        return False
     argv = getattr(_sys, "orig_argv", [])
-    return any(a == "-m" and argv[i + 1:i + 2] == ["tftorus.run"] for i, a in enumerate(argv))
+    return "-m" in argv and argv[argv.index("-m") + 1:argv.index("-m") + 2] == ["tftorus.run"]
 
 
 if _launching_only():
