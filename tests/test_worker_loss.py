@@ -124,6 +124,33 @@ class VerdictTest(unittest.TestCase):
             self.assertEqual(d._verdict.ranks, [2])
             d._stop.set()
 
+    def test_a_rank_whose_thread_could_not_run_finds_the_verdict(self):
+        """Rank 1's watchdog thread does not run while rank 0 decides and exits (its main thread
+        held the interpreter in a blocked call): once it runs it reports rank 2, not rank 0."""
+        exits = {}
+        server = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        server.bind(("127.0.0.1", 0))
+        address = ("127.0.0.1", server.getsockname()[1])
+        rank0 = watchdog.Watchdog(0, 3, address, heartbeat_timeout=1.0, stall_timeout=100,
+                                  sock=server, exit=lambda code: exits.setdefault(0, code))
+        rank1 = watchdog.Watchdog(1, 3, address, heartbeat_timeout=1.0, stall_timeout=100,
+                                  exit=lambda code: exits.setdefault(1, code))
+        rank0.start()
+        rank1._send({"r": 1, "i": {"c": 0}}, address)  # one beat, then its thread is starved
+        deadline = time.monotonic() + 10
+        while 0 not in exits and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.assertEqual(exits, {0: 4})  # rank 1 was silent too, but for less than rank 2
+        rank0._stop.set()
+        time.sleep(1.5)  # past rank 1's own heartbeat timeout: rank 0 is gone
+        rank1.start()
+        while 1 not in exits and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.assertEqual(exits, {0: 4, 1: 4})
+        self.assertIn(2, rank1._verdict.ranks, rank1._verdict.text)
+        self.assertNotIn("rank 0 lost", rank1._verdict.text)
+        rank1._stop.set()
+
     def test_normal_finish_is_no_loss(self):
         exits = {}
         dogs = start_watchdogs(world_size=2, heartbeat_timeout=0.5, exits=exits)

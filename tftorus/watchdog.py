@@ -8,7 +8,8 @@ collectives:
   all-reduce (loopback when all ranks share a host, else this host's address, or
   TFTORUS_WATCHDOG_HOST);
 * every rank's background thread sends {rank, progress counter, what, phase, epoch, step} each
-  interval (heartbeat timeout / 10, at most 1 s); rank 0 answers with the world's verdict;
+  interval (heartbeat timeout / 10, at most 1 s); rank 0 answers with the world's verdict,
+  and sends a verdict, once reached, to every rank unasked;
 * a rank silent for more than the heartbeat timeout is *lost*; a rank whose progress has not
   moved for more than the stall timeout while another rank has moved past it is *stalled*; a rank
   that hears nothing from rank 0 for more than the heartbeat timeout declares rank 0 lost;
@@ -241,11 +242,21 @@ class Watchdog:
                     if verdict is not None:
                         # answer the live ranks for a moment so they all hear who was lost
                         self._decide(verdict, grace=2 * self.interval + 0.5)
+                        self._push()
+
+    def _push(self):
+        """Rank 0: send the verdict to every rank heard so far, unasked. A rank whose watchdog
+        thread cannot run while rank 0 answers (its main thread holding the interpreter in a
+        blocked call) finds it waiting in its socket once it runs, instead of rank 0's silence."""
+        for peer in list(self.peers.values()):
+            self._send(self._status(), peer)
 
     def _exit_later(self, grace: float):
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline:
             time.sleep(0.05)
+        if self.rank == 0:
+            self._push()  # once more: a network may drop a datagram (loopback does not)
         if not self._defer_exit:
             self._exit(EXIT_STATUS)
 
