@@ -131,6 +131,11 @@ class Workload(NamedTuple):
     compression: str  # 'none' or 'fp16'
 
     @property
+    def wire_size(self) -> int:
+        """Bytes per element on the wire."""
+        return 2 if self.compression == "fp16" else 4
+
+    @property
     def is_set(self) -> bool:
         return len(self.shapes) > 1
 
@@ -496,7 +501,10 @@ def worker(args) -> None:
                      f"{len(workload.shapes)} tensor(s), {workload.elements / 1e6:.2f}M elements, "
                      f"{human_bytes(workload.elements * 4)} FP32 ==")
             print_table(title, rows)
-            append_csv(args.csv, rows, {**meta, "bytes": workload.elements * 4})
+            # bytes: the FP32 tensors' (what studies/scale_model.py reads); wire_bytes: what
+            # the all-reduce sends, half of them with the FP16 wire (the floors' bytes)
+            append_csv(args.csv, rows, {**meta, "bytes": workload.elements * 4,
+                                        "wire_bytes": workload.elements * workload.wire_size})
     if hvd.rank() == 0:
         print(f"\nCSV: {args.csv}")
 

@@ -189,6 +189,7 @@ def launch(args, hosts: int, rph: int, bench_argv: List[str], log_path: str,
             "HOROVOD_LOCAL_RANK": slot.local_rank, "HOROVOD_LOCAL_SIZE": slot.local_size,
             "HOROVOD_CROSS_RANK": slot.cross_rank, "HOROVOD_CROSS_SIZE": slot.cross_size,
             **RANK_ENV, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+            **{key: os.environ[key] for key in HOROVOD_PASSED if key in os.environ},
         }
         # Horovod 0.28.1 builds the Gloo contexts of process sets from the machine's host
         # name, not HOROVOD_GLOO_IFACE (its debug log shows them on 127.0.0.1, which the
@@ -206,6 +207,10 @@ def launch(args, hosts: int, rph: int, bench_argv: List[str], log_path: str,
 
 
 RANK_ENV = {"PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
+#: Horovod's knobs a caller may set for every rank (HOROVOD_TIMELINE: rank 0 writes Horovod's
+#: timeline of every collective there, a Chrome trace; docs/emulated_cluster.md)
+HOROVOD_PASSED = ("HOROVOD_TIMELINE", "HOROVOD_TIMELINE_MARK_CYCLES", "HOROVOD_CYCLE_TIME",
+                  "HOROVOD_FUSION_THRESHOLD")
 TF_PORT = 23456  # the TF_CONFIG launch's base port: rank l of a host listens on TF_PORT + l
 
 
@@ -323,7 +328,38 @@ def medians(rows: List[Dict[str, str]], kinds=("variant",)) -> Dict[str, Dict[st
 
 
 def workload_bytes(rows: List[Dict[str, str]]) -> Dict[str, float]:
-    return {r["workload"]: float(r["bytes"]) for r in rows if r.get("bytes")}
+    """workload -> the bytes its all-reduce sends: half the FP32 bytes with the FP16 wire (CSVs
+    written before the wire_bytes column: read from the workload's name)."""
+    sizes = {}
+    for r in rows:
+        if r.get("wire_bytes"):
+            sizes[r["workload"]] = float(r["wire_bytes"])
+        elif r.get("bytes"):
+            sizes[r["workload"]] = float(r["bytes"]) / (2 if "fp16" in r["workload"] else 1)
+    return sizes
+
+
+def floor_table(rows: List[Dict[str, str]], cluster: tuple) -> str:
+    """The torus and its column phase beside their floors (the cost model on the host links
+    alone, for the bytes on the wire): what is left above the floor is ours to find. The row
+    phases stay inside a host, on no emulated link: their floor is 0, so all of their time and
+    the packing's is the torus' excess over the column's floor."""
+    by = medians(rows, kinds=("variant", "phase"))
+    sizes = workload_bytes(rows)
+    head = ("| workload | wire MiB | floor ms | torus ms | torus / floor | column alone ms | "
+            "column / floor | torus - column ms |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for workload, v in by.items():
+        if "torus" not in v or workload not in sizes:
+            continue
+        floor = model_ms("torus", *cluster, sizes[workload])
+        column = v.get("column all-reduce")
+        cells = [f"{sizes[workload] / 2**20:.1f}", f"{floor:.0f}", f"{v['torus']:.0f}",
+                 f"{v['torus'] / floor:.2f}", "" if column is None else f"{column:.0f}",
+                 "" if column is None else f"{column / floor:.2f}",
+                 "" if column is None else f"{v['torus'] - column:.0f}"]
+        lines.append(f"| {workload} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) if len(lines) > 2 else ""
 
 
 def ratio_table(rows: List[Dict[str, str]], limit: float,
@@ -517,6 +553,9 @@ def parse_args(argv=None):
                    help="variants and torus phases to time (hvd is always timed)")
     p.add_argument("--chunks", type=int, default=16,
                    help="chunks of the torus-chunks<K> and torus-tf-chunks<K> variants")
+    p.add_argument("--fusion-threshold-mb", type=float, default=16.0,
+                   help="tftorus' buckets, MiB (default 16: the optimizers' own, so the torus "
+                        "sends what a training step sends; Horovod's all-reduce keeps its 128)")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--out", default=DEFAULT_OUT, help="CSV, log and plots (default %(default)s)")
@@ -561,6 +600,7 @@ def run_cluster(args, hosts: int, rph: int, gbit: float, links: int,
          "--repeats", str(args.repeats), "--warmup", str(args.warmup), "--csv", csv_path,
          "--tag", "emulated", "--sizes", *[str(b) for b in args.sizes],
          "--resnet", *args.resnet, "--variants", *args.variants, "--chunks", str(args.chunks),
+         "--fusion-threshold-mb", f"{args.fusion_threshold_mb:g}",
          "--meta", f"hosts={hosts}", f"ranks_per_host={rph}", f"link_gbit={gbit:g}",
          f"links_per_host={links}"])
     title = (f"{hosts} hosts x {rph} ranks, {links} x {gbit:g} Gbit/s link"
@@ -575,6 +615,10 @@ def run_cluster(args, hosts: int, rph: int, gbit: float, links: int,
     rows = read_rows(csv_path)
     print(f"\n== {title}: medians and ratios (below 1: the torus is faster) ==")
     print(ratio_table(rows, byte_limit(hosts, rph, links), (hosts, rph, gbit, links)))
+    floors = floor_table(rows, (hosts, rph, gbit, links))
+    if floors:
+        print(f"\n== the torus against its floor (the host links alone, the wire's bytes) ==")
+        print(floors)
     phases = phase_table(rows)
     if phases:
         limit = byte_limit(hosts, rph, links)

@@ -136,11 +136,43 @@ class Communicator(abc.ABC):
 
 
 def sum_in_fp32(chunks: tf.Tensor) -> tf.Tensor:
-    """Sum chunks (stacked on axis 0) in at least FP32, so FP16/BF16 wire data keeps its bits."""
+    """Sum chunks (stacked on axis 0) in at least FP32, so FP16/BF16 wire data keeps its bits.
+
+    Two chunks are one add in their own dtype: a 16-bit add on the CPU is the FP32 sum of the
+    two rounded once, the same bits as the cast-sum-cast below, in one pass instead of three
+    (a 2-rank row of the FP16 torus spent 25 ms per 16 MiB bucket on the casts here)."""
     dtype = chunks.dtype
+    if chunks.shape[0] == 2:
+        return chunks[0] + chunks[1]
     if dtype in (tf.float16, tf.bfloat16):
         return tf.cast(tf.reduce_sum(tf.cast(chunks, tf.float32), axis=0), dtype)
     return tf.reduce_sum(chunks, axis=0)
+
+
+class SumsInTurn:
+    """The local sums after a group's all-to-alls, one bucket after the other.
+
+    A training step's buckets all reach the reduce-scatter at about the same time: their
+    all-to-alls take milliseconds, and then every bucket's sum runs at once on the same cores,
+    so the first bucket's sum ends with the last one's and the column phase, which waits for it,
+    starts late (a Horovod timeline of the ResNet-50 set at 2 x 2: 100 ms between the last
+    all-to-all and the first column all-reduce). In turn, the first sum ends after its own
+    work and the column starts while the next sums run. Per traced graph and group (a row's
+    sums never wait for a column's); eagerly, ops already run in the order they are called."""
+
+    def __init__(self):
+        import weakref
+        self._last = weakref.WeakKeyDictionary()  # graph -> {group: the previous sum}
+
+    def after_previous(self, group: Group, make_sum):
+        if tf.executing_eagerly():
+            return make_sum()
+        graph = tf.compat.v1.get_default_graph()
+        last = self._last.setdefault(graph, {})
+        with tf.control_dependencies([last[group]] if group in last else []):
+            total = make_sum()
+        last[group] = total
+        return total
 
 
 REDUCE_SCATTER_IMPLS = ("auto", "alltoall", "native")

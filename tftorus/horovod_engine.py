@@ -8,7 +8,8 @@ from typing import Dict, Iterable
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
-from tftorus.communicator import Communicator, Group, choose_reduce_scatter, sum_in_fp32
+from tftorus.communicator import (Communicator, Group, SumsInTurn, choose_reduce_scatter,
+                                  sum_in_fp32)
 
 
 _HVD_OPS = {"sum": hvd.Sum, "max": hvd.Max, "min": hvd.Min}
@@ -43,6 +44,7 @@ class HorovodCommunicator(Communicator):
         # 16-bit floats natively, so keep hvd.allreduce for 16-bit sums where NCCL is built.
         self.sum_16bit_in_fp32 = not hvd.nccl_built()
         self._sets: Dict[Group, hvd.ProcessSet] = {}
+        self._sums = SumsInTurn()
         for ps in process_sets:
             self._sets[tuple(sorted(ps.ranks))] = ps
 
@@ -77,7 +79,8 @@ class HorovodCommunicator(Communicator):
             wide = tf.cast(tensor, tf.float32) if tensor.dtype == tf.bfloat16 else tensor
             return tf.cast(hvd.reducescatter(wide, op=hvd.Sum, process_set=ps), tensor.dtype)
         received = _move(hvd.alltoall, tensor, ps)  # chunk j of every member -> member j
-        return sum_in_fp32(tf.reshape(received, [len(group), -1]))
+        return self._sums.after_previous(
+            group, lambda: sum_in_fp32(tf.reshape(received, [len(group), -1])))
 
     def _sums_16bit_in_rank_order(self, dtype, group) -> bool:
         """Whether a 16-bit sum goes by all-to-all + FP32 sum + all-gather, not hvd.allreduce.
