@@ -346,19 +346,22 @@ def floor_table(rows: List[Dict[str, str]], cluster: tuple) -> str:
     the packing's is the torus' excess over the column's floor."""
     by = medians(rows, kinds=("variant", "phase"))
     sizes = workload_bytes(rows)
-    head = ("| workload | wire MiB | floor ms | torus ms | torus / floor | column alone ms | "
-            "column / floor | torus - column ms |")
+    head = ("| workload | wire MiB | floor ms | variant | ms | / floor | its column alone ms | "
+            "column / floor | variant - column ms |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for workload, v in by.items():
-        if "torus" not in v or workload not in sizes:
+        if workload not in sizes:
             continue
         floor = model_ms("torus", *cluster, sizes[workload])
-        column = v.get("column all-reduce")
-        cells = [f"{sizes[workload] / 2**20:.1f}", f"{floor:.0f}", f"{v['torus']:.0f}",
-                 f"{v['torus'] / floor:.2f}", "" if column is None else f"{column:.0f}",
-                 "" if column is None else f"{column / floor:.2f}",
-                 "" if column is None else f"{v['torus'] - column:.0f}"]
-        lines.append(f"| {workload} | " + " | ".join(cells) + " |")
+        for name in (n for n in v if n.startswith("torus") and "native" not in n):
+            # the engine's own column phase: Horovod's, or the tf engine's for torus-tf*
+            column = v.get("tf column all-reduce" if name.startswith("torus-tf")
+                           else "column all-reduce")
+            cells = [f"{sizes[workload] / 2**20:.1f}", f"{floor:.0f}", name, f"{v[name]:.0f}",
+                     f"{v[name] / floor:.2f}", "" if column is None else f"{column:.0f}",
+                     "" if column is None else f"{column / floor:.2f}",
+                     "" if column is None else f"{v[name] - column:.0f}"]
+            lines.append(f"| {workload} | " + " | ".join(cells) + " |")
     return "\n".join(lines) if len(lines) > 2 else ""
 
 

@@ -69,6 +69,31 @@ class ByteLimitTest(unittest.TestCase):
         self.assertIn("| flat 64 MiB | 0.700 | 0.600 | 0.070 |  |  |", ec.phase_table(rows[:5]))
         self.assertEqual(ec.phase_table(rows[:2]), "")
 
+    def test_the_floor_is_of_the_bytes_on_the_wire(self):
+        def row(workload, name, ms, kind="variant", **extra):
+            return {"workload": workload, "name": name, "kind": kind, "median_ms": str(ms),
+                    **extra}
+        mib = 2 ** 20
+        floor = ec.model_ms("torus", 2, 2, 0.25, 1, 64 * mib)  # FP32's
+        fp32 = floor
+        rows = [row("resnet50 fp32", "torus", fp32 * 1.2, bytes=str(64 * mib)),
+                row("resnet50 fp32", "column all-reduce", fp32 * 1.1, "phase"),
+                row("resnet50 fp16", "torus", fp32 * 0.6, bytes=str(64 * mib),
+                    wire_bytes=str(32 * mib)),
+                row("resnet50 fp16", "torus-tf", fp32 * 0.55, bytes=str(64 * mib),
+                    wire_bytes=str(32 * mib))]
+        table = ec.floor_table(rows, (2, 2, 0.25, 1))
+        self.assertIn(f"| resnet50 fp32 | 64.0 | {floor:.0f} | torus | {fp32 * 1.2:.0f} | "
+                      f"1.20 | {fp32 * 1.1:.0f} | 1.10 |", table)
+        # the FP16 wire halves the floor: the same time is twice as far above it
+        self.assertIn(f"| resnet50 fp16 | 32.0 | {floor / 2:.0f} | torus | {fp32 * 0.6:.0f} "
+                      f"| 1.20 |", table)
+        self.assertIn("| torus-tf |", table)
+        # a CSV from before the wire_bytes column: the FP16 workload's bytes from its name
+        self.assertEqual(ec.workload_bytes([row("resnet50 fp16", "torus", 1.0,
+                                                bytes=str(64 * mib))]),
+                         {"resnet50 fp16": 32.0 * mib})
+
     def test_sweep_arguments(self):
         args = ec.parse_args(["--sweep", "2x2", "2x4", "--link-gbit", "0.25", "1"])
         self.assertEqual(args.clusters, [(2, 2, 0.25, 1), (2, 2, 1.0, 1), (2, 4, 0.25, 1),
