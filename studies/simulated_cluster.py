@@ -476,7 +476,7 @@ def resnet50_buckets(bytes_per_element: int = 2,
 #: ("Leader-based hierarchical, and hosts with several links", 2026-11-25), made by
 #:   sudo .venv/bin/python -m studies.emulated_cluster --sweep 2x2 2x4 4x2 --links-per-host 1 \
 #:       rank --engines horovod --variants hvd torus ring hierarchical --sizes 16M \
-#:       --resnet fp32 --repeats 5 --out /tmp/tftorus_rails
+#:       --resnet fp32 --repeats 5 --fusion-threshold-mb 128 --out /tmp/tftorus_rails
 #: (hosts, ranks, links) -> workload -> (ring, hierarchical, torus). --csv reads a fresh run.
 MEASURED_RAILS = {
     (2, 2, 1): {"flat 16 MiB": (855, 610, 597), "resnet50 fp32": (5221, 3775, 3656)},
@@ -505,6 +505,13 @@ def read_rails_csv(path: str) -> Dict[tuple, Dict[str, tuple]]:
             if abs(float(row.get("link_gbit") or 0) - EMULATED_LINK_BW * 8 / 1e9) > 1e-9:
                 skipped += 1
                 continue
+            if row["workload"].startswith("resnet50") and float(row.get("fusion_mb") or 128) < 128:
+                # the simulator sends the set as one buffer, as the study did before its
+                # default became tftorus' 16 MiB buckets
+                raise SystemExit(
+                    f"{path}: the ResNet-50 rows were measured in {row['fusion_mb']} MiB buckets; "
+                    f"the calibration simulates the set as one buffer: run studies.emulated_cluster "
+                    f"with --fusion-threshold-mb 128")
             links = row.get("links_per_host") or "1"
             key = (int(row["hosts"]), int(row["ranks_per_host"]), int(links))
             out.setdefault(key, {}).setdefault(row["workload"], {})[row["name"]] = float(

@@ -139,3 +139,28 @@ class WithoutSimGridTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class RailsCsvTest(unittest.TestCase):
+    """The calibration's measured side, read from a studies.emulated_cluster CSV (no SimGrid)."""
+
+    def write(self, fusion_mb):
+        import csv
+        import os
+        import tempfile
+        path = os.path.join(tempfile.mkdtemp(), "allreduce.csv")
+        with open(path, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["hosts", "ranks_per_host", "link_gbit", "links_per_host", "fusion_mb",
+                        "workload", "kind", "name", "median_ms"])
+            for name, ms in (("ring", 5000), ("hierarchical", 3700), ("torus", 3600)):
+                w.writerow([2, 2, 0.25, 1, fusion_mb, "resnet50 fp32", "variant", name, ms])
+        return path
+
+    def test_one_buffer_is_read(self):
+        self.assertEqual(sc.read_rails_csv(self.write(128.0)),
+                         {(2, 2, 1): {"resnet50 fp32": (5000.0, 3700.0, 3600.0)}})
+
+    def test_buckets_are_refused_with_what_to_change(self):
+        with self.assertRaisesRegex(SystemExit, "--fusion-threshold-mb 128"):
+            sc.read_rails_csv(self.write(16.0))
