@@ -5,6 +5,7 @@ sorted tuple of global ranks that contains the caller. Groups of one rank are an
 so an algorithm never special-cases a 1 x N or N x 1 grid.
 """
 import abc
+import weakref
 from typing import Sequence, Tuple
 
 import tensorflow as tf
@@ -161,7 +162,6 @@ class SumsInTurn:
     sums never wait for a column's); eagerly, ops already run in the order they are called."""
 
     def __init__(self):
-        import weakref
         self._last = weakref.WeakKeyDictionary()  # graph -> {group: the previous sum}
 
     def after_previous(self, group: Group, make_sum):
