@@ -188,7 +188,8 @@ def launch(args, hosts: int, rph: int, bench_argv: List[str], log_path: str,
             "HOROVOD_RANK": slot.rank, "HOROVOD_SIZE": slot.size,
             "HOROVOD_LOCAL_RANK": slot.local_rank, "HOROVOD_LOCAL_SIZE": slot.local_size,
             "HOROVOD_CROSS_RANK": slot.cross_rank, "HOROVOD_CROSS_SIZE": slot.cross_size,
-            **RANK_ENV, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+            **RANK_ENV, **threads_env(args, size),
+            "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
             **{key: os.environ[key] for key in HOROVOD_PASSED if key in os.environ},
         }
         # Horovod 0.28.1 builds the Gloo contexts of process sets from the machine's host
@@ -207,6 +208,25 @@ def launch(args, hosts: int, rph: int, bench_argv: List[str], log_path: str,
 
 
 RANK_ENV = {"PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
+
+
+def intra_op_threads(requested, ranks: int) -> int:
+    """Each rank's TF_NUM_INTRAOP_THREADS: `requested`, or with None this machine's cores shared
+    among the cluster's ranks (at least 1), as an emulated host's ranks would share their
+    host's cores; 0 leaves TensorFlow's default. That default, a pool per core in every rank,
+    puts ranks x cores busy threads on the cores beside a step's compute and starves the
+    collectives' threads (Horovod's background loop, Gloo, TF's collective executor): no step
+    then hides its all-reduce (tests/workers/overlap.py measured that)."""
+    if requested is not None:
+        return requested
+    return max(1, (os.cpu_count() or 1) // ranks)
+
+
+def threads_env(args, ranks: int) -> dict:
+    """The rank environment's TF_NUM_INTRAOP_THREADS from args.intra_op_threads (if the study
+    has it), or nothing for TensorFlow's default."""
+    threads = intra_op_threads(getattr(args, "intra_op_threads", 0), ranks)
+    return {"TF_NUM_INTRAOP_THREADS": str(threads)} if threads else {}
 #: Horovod's knobs a caller may set for every rank (HOROVOD_TIMELINE: rank 0 writes Horovod's
 #: timeline of every collective there, a Chrome trace; docs/emulated_cluster.md)
 HOROVOD_PASSED = ("HOROVOD_TIMELINE", "HOROVOD_TIMELINE_MARK_CYCLES", "HOROVOD_CYCLE_TIME",
@@ -232,7 +252,7 @@ def launch_tf_config(args, hosts: int, rph: int, argv: List[str], log_path: str,
     for rank in range(hosts * rph):
         config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": rank}}
         env = {"TF_CONFIG": json.dumps(config, separators=(",", ":")), **RANK_ENV,
-               "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
+               **threads_env(args, hosts * rph), "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
         commands.append(["ip", "netns", "exec", f"{PREFIX}{rank // rph}", "env",
                          *[f"{key}={value}" for key, value in env.items()], *argv])
     return run_ranks(commands, log_path, args.timeout)

@@ -21,6 +21,9 @@ processes:
   compute   the plain optimizer, no reduction: the compute alone, with every rank at work
 
 --fusion-mb sets tftorus' bucket size for its variants (Horovod's optimizer keeps its own).
+Every rank gets its share of this machine's cores as TF_NUM_INTRAOP_THREADS (cores / ranks, at
+least 1; --intra-op-threads sets it, 0 leaves TensorFlow's pool per core in every rank), as an
+emulated host's ranks would have their host's cores.
 
 For every variant also the all-reduce alone: its optimizer's reduction (`_allreduce_grads`, what
 its compute_gradients calls) on gradient-shaped tensors, with no forward or backward pass.
@@ -112,6 +115,10 @@ def parse_args(argv=None, horovod=None):
     p.add_argument("--image-size", type=int, default=32)
     p.add_argument("--fusion-mb", type=float, default=None,
                    help="tftorus' bucket size (fusion_threshold_bytes) in MiB; default: its own")
+    p.add_argument("--intra-op-threads", type=int, default=None,
+                   help="TF_NUM_INTRAOP_THREADS of every rank (default: this machine's cores "
+                        "shared among the cluster's ranks, at least 1; 0: TensorFlow's own, a "
+                        "pool per core in every rank)")
     p.add_argument("--out", default=DEFAULT_OUT)
     p.add_argument("--timeout", type=float, default=3600.0,
                    help="seconds per launch (one per cluster and wire on the classic stack, two "
@@ -122,6 +129,9 @@ def parse_args(argv=None, horovod=None):
     args = p.parse_args(argv)
     if args.repeats < 1 or args.steps < 1 or args.warmup < 0:
         p.error("--repeats and --steps must be >= 1, --warmup >= 0")
+    if args.intra_op_threads is not None and args.intra_op_threads < 0:
+        p.error(f"--intra-op-threads takes 0 (TensorFlow's default) or more threads per rank, "
+                f"got {args.intra_op_threads}")
     args.horovod = horovod
     return args
 
@@ -479,7 +489,8 @@ def run_current(args) -> List[str]:
     for hosts, rph in args.clusters:
         for gbit in (args.link_gbit if hosts > 1 else args.link_gbit[:1]):
             title = f"{hosts}x{rph}" + (f" at {gbit:g} Gbit/s" if hosts > 1 else "")
-            print(f"emulated cluster {title}", flush=True)
+            print(f"emulated cluster {title}, TF_NUM_INTRAOP_THREADS "
+                  f"{cluster.intra_op_threads(args.intra_op_threads, hosts * rph) or 'default'} per rank", flush=True)
             meta = (str(hosts), str(rph), f"{gbit:g}")
             with cluster.Cluster(hosts, gbit):
                 for repeat in range(args.repeats):
@@ -517,7 +528,8 @@ def main(argv=None) -> int:
             for wire in args.wires:
                 title = f"{hosts}x{rph}" + (f" at {gbit:g} Gbit/s" if hosts > 1 else "")
                 title += f", {wire} wire"
-                print(f"emulated cluster {title}", flush=True)
+                print(f"emulated cluster {title}, TF_NUM_INTRAOP_THREADS "
+                      f"{cluster.intra_op_threads(args.intra_op_threads, hosts * rph) or 'default'} per rank", flush=True)
                 argv_worker = worker_argv(args, wire, (str(hosts), str(rph), f"{gbit:g}"))
                 log = os.path.join(args.out, f"ranks_{hosts}x{rph}_{gbit:g}_{wire}.log")
                 with cluster.Cluster(hosts, gbit):

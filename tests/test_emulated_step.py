@@ -8,6 +8,7 @@ import argparse
 import contextlib
 import io
 import json
+from unittest import mock
 
 import tensorflow as tf
 
@@ -137,6 +138,17 @@ class StackArgumentsTest(tf.test.TestCase):
         worker = emulated_step.parse_args(current[current.index("--worker"):], horovod=False)
         self.assertEqual((worker.wires, worker.first_repeat, worker.repeats),
                          (["fp32", "fp16"], 2, 1))
+
+    def test_each_rank_gets_its_share_of_the_cores(self):
+        args = emulated_step.parse_args([], horovod=True)
+        with mock.patch.object(cluster.os, "cpu_count", return_value=8):
+            self.assertEqual(cluster.threads_env(args, 4), {"TF_NUM_INTRAOP_THREADS": "2"})
+            self.assertEqual(cluster.threads_env(args, 16), {"TF_NUM_INTRAOP_THREADS": "1"})
+            forced = emulated_step.parse_args(["--intra-op-threads", "0"], horovod=True)
+            self.assertEqual(cluster.threads_env(forced, 4), {})  # TF's own pools
+            self.assertEqual(cluster.threads_env(argparse.Namespace(), 4), {})  # no such flag
+        with self.assertRaises(SystemExit), contextlib.redirect_stderr(io.StringIO()):
+            emulated_step.parse_args(["--intra-op-threads", "-1"], horovod=True)
 
     def test_tf_config_names_every_rank_at_its_host(self):
         self.assertEqual(cluster.tf_config_workers(2, 2, 23456),
