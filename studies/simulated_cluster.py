@@ -3,9 +3,9 @@ hosts and the paper's Table 6 (issue 40; docs/scale.md, "Simulated cluster").
 
     python -m studies.simulated_cluster                        # everything, ~2 min; the plot
     python -m studies.simulated_cluster --only calibration     # the emulated clusters, ~7 s
-    python -m studies.simulated_cluster --only calibration --csv /tmp/tftorus_rails/allreduce.csv
-        against a fresh studies.emulated_cluster CSV instead of the medians quoted in
-        docs/emulated_cluster.md
+    python -m studies.simulated_cluster --only calibration --csv /tmp/tftorus_rails/*/allreduce.csv
+        against fresh studies.emulated_cluster CSVs instead of the medians quoted in
+        docs/scale.md
     python -m studies.simulated_cluster --only abci            # ABCI at the paper's scale
 
 Exits 77 (skipped), saying why, where SimGrid is missing. Tables print as Markdown, as
@@ -46,6 +46,7 @@ import importlib.util
 import math
 import os
 import random
+import statistics
 import sys
 import sysconfig
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -472,19 +473,24 @@ def resnet50_buckets(bytes_per_element: int = 2,
 # Calibration: the emulated clusters
 # ==================================================================================================
 
-#: Medians (ms) measured on the emulated clusters, as docs/emulated_cluster.md quotes them
-#: ("Leader-based hierarchical, and hosts with several links", 2026-11-25), made by
+#: Medians (ms) measured on the emulated clusters (docs/scale.md, "Calibration"; 2026-11-26, main
+#: job at 504.5 images/s), 5 repeats, made by
 #:   sudo .venv/bin/python -m studies.emulated_cluster --sweep 2x2 2x4 4x2 --links-per-host 1 \
 #:       rank --engines horovod --variants hvd torus ring hierarchical --sizes 16M \
 #:       --resnet fp32 --repeats 5 --fusion-threshold-mb 128 --out /tmp/tftorus_rails
+#: and the fixed costs' 4 KiB all-reduces by the same with --sweep 2x2 2x4 --sizes 4K --resnet.
 #: (hosts, ranks, links) -> workload -> (ring, hierarchical, torus). --csv reads a fresh run.
 MEASURED_RAILS = {
-    (2, 2, 1): {"flat 16 MiB": (855, 610, 597), "resnet50 fp32": (5221, 3775, 3656)},
-    (2, 2, 2): {"flat 16 MiB": (861, 611, 311), "resnet50 fp32": (5313, 3757, 1991)},
-    (2, 4, 1): {"flat 16 MiB": (1018, 682, 645), "resnet50 fp32": (6123, 4143, 3843)},
-    (2, 4, 4): {"flat 16 MiB": (995, 688, 206), "resnet50 fp32": (6082, 4166, 1272)},
-    (4, 2, 1): {"flat 16 MiB": (1023, 978, 940), "resnet50 fp32": (6201, 5773, 5621)},
-    (4, 2, 2): {"flat 16 MiB": (1044, 956, 556), "resnet50 fp32": (6214, 5856, 5554)},
+    (2, 2, 1): {"flat 4 KiB": (7.2, 13.7, 13.3), "flat 16 MiB": (870, 616, 589),
+                "resnet50 fp32": (5207, 3843, 3681)},
+    (2, 2, 2): {"flat 4 KiB": (8.7, 11.0, 12.0), "flat 16 MiB": (898, 615, 334),
+                "resnet50 fp32": (5234, 3783, 3658)},
+    (2, 4, 1): {"flat 4 KiB": (21.4, 33.4, 28.8), "flat 16 MiB": (1002, 690, 638),
+                "resnet50 fp32": (6102, 4216, 3923)},
+    (2, 4, 4): {"flat 4 KiB": (24.0, 36.1, 32.4), "flat 16 MiB": (1019, 695, 222),
+                "resnet50 fp32": (6108, 4324, 1322)},
+    (4, 2, 1): {"flat 16 MiB": (1002, 966, 966), "resnet50 fp32": (6211, 5852, 5652)},
+    (4, 2, 2): {"flat 16 MiB": (1059, 985, 495), "resnet50 fp32": (6192, 5917, 5633)},
 }
 CAL_ALGOS = ("ring", "hierarchical", "torus")
 MIB = 1 << 20
@@ -613,27 +619,64 @@ def calibration_specs(measured: Dict[tuple, Dict[str, tuple]]) -> List[ClusterSp
     return specs + [emulated(f"bare{h}x{r}l{k}", h, r, k) for (h, r, k) in sorted(measured)]
 
 
+#: The workload whose bytes cost next to nothing: what its all-reduces take is fixed costs.
+FIXED_COST_WORKLOAD = "flat 4 KiB"
+
+
+def fixed_costs(measured: Dict[tuple, Dict[str, tuple]]
+                ) -> Dict[Optional[Tuple[int, int]], Tuple[float, float]]:
+    """(seconds per call, seconds per collective in it) per emulated cluster (hosts, ranks), from
+    the 4 KiB all-reduces measured beside the others, and under None the median over them for
+    clusters without: a ring is one collective, a torus and a leader-based hierarchical three
+    (one after the other, in one call), so per collective = (torus - ring) / 2 and
+    (hierarchical - ring) / 2, their median over the cluster's runs; per call = ring - that.
+    Both grow with the ranks sharing this machine's cores. Empty where the run has no 4 KiB
+    rows."""
+    ring, hier, torus = (CAL_ALGOS.index(a) for a in ("ring", "hierarchical", "torus"))
+
+    def split(smalls):
+        per_op = statistics.median([(t[x] - t[ring]) / 2 for t in smalls for x in (hier, torus)])
+        return (statistics.median([t[ring] for t in smalls]) - per_op) * 1e-3, per_op * 1e-3
+
+    by_cluster: Dict[Tuple[int, int], list] = {}
+    for (h, r, _), ws in measured.items():
+        if FIXED_COST_WORKLOAD in ws:
+            by_cluster.setdefault((h, r), []).append(ws[FIXED_COST_WORKLOAD])
+    out = {key: split(smalls) for key, smalls in by_cluster.items()}
+    if out:
+        out[None] = split([t for smalls in by_cluster.values() for t in smalls])
+    return out
+
+
 def calibration(platform: Platform, measured: Dict[tuple, Dict[str, tuple]]) -> List[dict]:
-    """Predict every measured emulated all-reduce; rows of a side-by-side table."""
-    copy_bw, per_op, fit_err = fit_host_costs()
-    sim = Simulator(platform, per_op=per_op)
-    requests, keys = [], []
+    """Predict every measured emulated all-reduce; rows of a side-by-side table. The fixed
+    costs come from the run's 4 KiB rows where it has them (fixed_costs; those rows are not
+    predicted), else every collective pays the row-phase fit's intercept (a phase timed alone:
+    one call of one collective)."""
+    copy_bw, intercept, fit_err = fit_host_costs()
+    split = fixed_costs(measured)
+    sim = Simulator(platform)
+    requests, keys, per_call = [], [], []
     for (h, r, k), workloads in sorted(measured.items()):
         grid = TorusGrid(size=h * r, x=r)
+        call, per_op = split.get((h, r), split.get(None, (0.0, intercept)))
         for w in workloads:
+            if w == FIXED_COST_WORKLOAD:
+                continue
             for a in CAL_ALGOS:
                 n = workload_bytes(w)
-                requests.append((f"emu{h}x{r}l{k}", a, grid, [n], "compact", None, None))
+                requests.append((f"emu{h}x{r}l{k}", a, grid, [n], "compact", per_op, 0.0))
                 requests.append((f"bare{h}x{r}l{k}", a, grid, [n], "compact", 0.0, 0.0))
                 keys.append((h, r, k, w, a))
+                per_call.append(call)
     results = sim.many(requests)
     rows = []
     for i, (h, r, k, w, a) in enumerate(keys):
-        full, floor = total(results[2 * i]), total(results[2 * i + 1])
+        full, floor = total(results[2 * i]) + per_call[i], total(results[2 * i + 1])
         meas = measured[(h, r, k)][w][CAL_ALGOS.index(a)] * 1e-3
         rows.append(dict(hosts=h, ranks=r, links=k, workload=w, algorithm=a, floor=floor,
                          simulated=full, measured=meas, error=(full - meas) / meas))
-    rows.append(dict(copy_bw=copy_bw, per_op=per_op, fit_err=fit_err))
+    rows.append(dict(copy_bw=copy_bw, intercept=intercept, fit_err=fit_err, split=split))
     return rows
 
 
@@ -645,8 +688,14 @@ def print_calibration(rows: List[dict], source: str) -> None:
     print(f"- simulated: host links {EMULATED_LINK_BW * 8 / 1e9:.2f} Gbit/s x TCP payload "
           f"{TCP_PAYLOAD_FRACTION:.3f} = {EMULATED_LINK_BW * TCP_PAYLOAD_FRACTION / 1e6:.2f} MB/s "
           f"each way, no latency; loopback of all hosts through one copy link of "
-          f"{fit['copy_bw'] / 1e9:.2f} GB/s; {fit['per_op'] * 1e3:.1f} ms per collective (both "
-          f"fitted to the row phases timed alone, MEASURED_ROW_PHASES: rms {fit['fit_err']:.1%})")
+          f"{fit['copy_bw'] / 1e9:.2f} GB/s (fitted to the row phases timed alone, "
+          f"MEASURED_ROW_PHASES: rms {fit['fit_err']:.1%}); "
+          + ("fixed costs from the run's " + FIXED_COST_WORKLOAD + " all-reduces, per call and "
+             "per collective in it: " + "; ".join(
+                 f"{'others' if key is None else f'{key[0]} x {key[1]}'} {c * 1e3:.1f} + "
+                 f"{o * 1e3:.1f} ms" for key, (c, o) in fit["split"].items())
+             if fit["split"] else
+             f"{fit['intercept'] * 1e3:.1f} ms per collective (that fit's intercept)"))
     print("- floor: the same simulation with the nominal link rate and nothing else (the "
           "network alone)\n")
     print("| hosts x ranks | links per host | workload | algorithm | floor ms | simulated ms | "
@@ -927,9 +976,10 @@ def plot(png: str, results, effs_sizes: Sequence[int]) -> None:
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--csv", default=None,
-                   help="studies.emulated_cluster CSV to calibrate against (default: the "
-                        "medians docs/emulated_cluster.md quotes, MEASURED_RAILS)")
+    p.add_argument("--csv", nargs="+", default=None,
+                   help="studies.emulated_cluster CSVs to calibrate against, e.g. a sweep's "
+                        "/tmp/tftorus_rails/*/allreduce.csv (default: the medians docs/scale.md "
+                        "quotes, MEASURED_RAILS)")
     p.add_argument("--only", choices=("calibration", "abci"), default=None,
                    help="run one part only")
     p.add_argument("--png", default=DEFAULT_PNG, help="efficiency plot (default: %(default)s)")
@@ -943,9 +993,12 @@ def main(argv: Sequence[str] = None) -> int:
         print(f"skipped: {SIMGRID_MISSING}", file=sys.stderr)
         return 77
     measured, source = MEASURED_RAILS, (
-        "medians quoted in docs/emulated_cluster.md (2026-11-25; MEASURED_RAILS)")
+        "medians quoted in docs/scale.md (2026-11-26; MEASURED_RAILS)")
     if args.csv:
-        measured, source = read_rails_csv(args.csv), args.csv
+        measured, source = {}, " ".join(args.csv)
+        for path in args.csv:
+            for key, workloads in read_rails_csv(path).items():
+                measured.setdefault(key, {}).update(workloads)
     specs = []
     if args.only != "abci":
         specs += calibration_specs(measured)

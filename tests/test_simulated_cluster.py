@@ -137,8 +137,6 @@ class WithoutSimGridTest(unittest.TestCase):
         self.assertNotIn(sc.DEBIAN_DIST_PACKAGES, sys.path)
 
 
-if __name__ == "__main__":
-    unittest.main()
 
 
 class RailsCsvTest(unittest.TestCase):
@@ -164,3 +162,22 @@ class RailsCsvTest(unittest.TestCase):
     def test_buckets_are_refused_with_what_to_change(self):
         with self.assertRaisesRegex(SystemExit, "--fusion-threshold-mb 128"):
             sc.read_rails_csv(self.write(16.0))
+
+    def test_fixed_costs_come_from_the_small_all_reduces(self):
+        measured = {(2, 2, 1): {"flat 4 KiB": (20.0, 30.0, 28.0), "flat 16 MiB": (800, 600, 580)},
+                    (2, 4, 1): {"flat 4 KiB": (22.0, 34.0, 30.0)},
+                    (4, 2, 1): {"flat 16 MiB": (1000, 950, 940)}}
+        costs = sc.fixed_costs(measured)
+        # 2 x 2: per collective the median of (30-20)/2 and (28-20)/2, 4.5 ms; per call the
+        # ring less one collective; clusters without 4 KiB rows take the median over all
+        self.assertEqual(set(costs), {(2, 2), (2, 4), None})
+        self.assertAlmostEqual(costs[(2, 2)][1], 4.5e-3)
+        self.assertAlmostEqual(costs[(2, 2)][0], 15.5e-3)
+        self.assertAlmostEqual(costs[(2, 4)][1], 5.0e-3)
+        self.assertAlmostEqual(costs[None][1], 4.5e-3)  # of 5, 4, 6, 4
+        self.assertAlmostEqual(costs[None][0], 21e-3 - 4.5e-3)
+        self.assertEqual(sc.fixed_costs({(2, 2, 1): {"flat 16 MiB": (800, 600, 580)}}), {})
+
+
+if __name__ == "__main__":
+    unittest.main()
