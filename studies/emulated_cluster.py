@@ -188,6 +188,8 @@ def launch(args, hosts: int, rph: int, bench_argv: List[str], log_path: str,
             "HOROVOD_RANK": slot.rank, "HOROVOD_SIZE": slot.size,
             "HOROVOD_LOCAL_RANK": slot.local_rank, "HOROVOD_LOCAL_SIZE": slot.local_size,
             "HOROVOD_CROSS_RANK": slot.cross_rank, "HOROVOD_CROSS_SIZE": slot.cross_size,
+            # the tf engine's TF server at the rank's rail, as its process sets' Gloo is
+            "TFTORUS_TF_HOST": host_ip(k, rail),
             **RANK_ENV, **threads_env(args, size),
             "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
             **{key: os.environ[key] for key in HOROVOD_PASSED if key in os.environ},
