@@ -229,6 +229,8 @@ def threads_env(args, ranks: int) -> dict:
     has it), or nothing for TensorFlow's default."""
     threads = intra_op_threads(getattr(args, "intra_op_threads", 0), ranks)
     return {"TF_NUM_INTRAOP_THREADS": str(threads)} if threads else {}
+
+
 #: Horovod's knobs a caller may set for every rank (HOROVOD_TIMELINE: rank 0 writes Horovod's
 #: timeline of every collective there, a Chrome trace; docs/emulated_cluster.md)
 HOROVOD_PASSED = ("HOROVOD_TIMELINE", "HOROVOD_TIMELINE_MARK_CYCLES", "HOROVOD_CYCLE_TIME",
@@ -254,7 +256,8 @@ def launch_tf_config(args, hosts: int, rph: int, argv: List[str], log_path: str,
     for rank in range(hosts * rph):
         config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": rank}}
         env = {"TF_CONFIG": json.dumps(config, separators=(",", ":")), **RANK_ENV,
-               **threads_env(args, hosts * rph), "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
+               **threads_env(args, hosts * rph),
+               "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
         commands.append(["ip", "netns", "exec", f"{PREFIX}{rank // rph}", "env",
                          *[f"{key}={value}" for key, value in env.items()], *argv])
     return run_ranks(commands, log_path, args.timeout)

@@ -470,6 +470,12 @@ def worker_argv(args, wire, meta, variants=None, first_repeat=None) -> List[str]
             "--meta", *meta]
 
 
+def threads_note(args, ranks: int) -> str:
+    """What each rank of a launch gets as TF_NUM_INTRAOP_THREADS, for the launch's title."""
+    threads = cluster.intra_op_threads(args.intra_op_threads, ranks)
+    return f"TF_NUM_INTRAOP_THREADS {threads or 'default'} per rank"
+
+
 def current_launches(args, repeat: int) -> List[tuple]:
     """The current stack's launches of one repeat, in order: (name, variants, wires). tftorus'
     variants (and compute) share one launch over every wire, where any is asked; each MWMS
@@ -489,8 +495,7 @@ def run_current(args) -> List[str]:
     for hosts, rph in args.clusters:
         for gbit in (args.link_gbit if hosts > 1 else args.link_gbit[:1]):
             title = f"{hosts}x{rph}" + (f" at {gbit:g} Gbit/s" if hosts > 1 else "")
-            print(f"emulated cluster {title}, TF_NUM_INTRAOP_THREADS "
-                  f"{cluster.intra_op_threads(args.intra_op_threads, hosts * rph) or 'default'} per rank", flush=True)
+            print(f"emulated cluster {title}, {threads_note(args, hosts * rph)}", flush=True)
             meta = (str(hosts), str(rph), f"{gbit:g}")
             with cluster.Cluster(hosts, gbit):
                 for repeat in range(args.repeats):
@@ -528,8 +533,7 @@ def main(argv=None) -> int:
             for wire in args.wires:
                 title = f"{hosts}x{rph}" + (f" at {gbit:g} Gbit/s" if hosts > 1 else "")
                 title += f", {wire} wire"
-                print(f"emulated cluster {title}, TF_NUM_INTRAOP_THREADS "
-                      f"{cluster.intra_op_threads(args.intra_op_threads, hosts * rph) or 'default'} per rank", flush=True)
+                print(f"emulated cluster {title}, {threads_note(args, hosts * rph)}", flush=True)
                 argv_worker = worker_argv(args, wire, (str(hosts), str(rph), f"{gbit:g}"))
                 log = os.path.join(args.out, f"ranks_{hosts}x{rph}_{gbit:g}_{wire}.log")
                 with cluster.Cluster(hosts, gbit):
