@@ -60,7 +60,7 @@ import statistics
 import sys
 import tempfile
 import time
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 from studies import emulated_cluster as cluster
 
@@ -69,7 +69,7 @@ VARIANTS = ("hvd", "default", "torus", "ring", "hierarchical")  # the classic st
 MWMS_VARIANTS = ("mwms", "mwms-as-shipped")  # the current stack's peers, in their own launches
 CURRENT_VARIANTS = MWMS_VARIANTS + VARIANTS[1:]
 FIELDS = ("hosts", "ranks_per_host", "link_gbit", "wire", "repeat", "variant", "step_s",
-          "allreduce_s")
+          "allreduce_s", "step_cpu_s", "allreduce_cpu_s")
 
 
 def topology(text: str):
@@ -148,20 +148,23 @@ def worker(args) -> None:
 
 
 def runtime(tf):
-    """(rank, line_up(), slowest(seconds)) of this process' runtime: Horovod's on the classic
-    stack, tftorus' tf engine (started by tftorus.init() from TF_CONFIG) on the current one.
-    line_up: a tiny all-reduce, so every rank starts a timing together; slowest: the largest
-    of every rank's value."""
+    """(rank, line_up(), slowest(seconds), total(seconds)) of this process' runtime: Horovod's
+    on the classic stack, tftorus' tf engine (started by tftorus.init() from TF_CONFIG) on the
+    current one. line_up: a tiny all-reduce, so every rank starts a timing together; slowest:
+    the largest of every rank's value; total: their sum."""
     if horovod_here():
         import horovod.tensorflow as hvd_tf
         return (hvd_tf.rank(),
                 lambda: hvd_tf.allreduce(tf.constant(0.0), name="line_up"),
                 lambda seconds: float(hvd_tf.allreduce(tf.constant(seconds, tf.float64),
-                                                       op=hvd_tf.Max, name="slowest")))
+                                                       op=hvd_tf.Max, name="slowest")),
+                lambda seconds: float(hvd_tf.allreduce(tf.constant(seconds, tf.float64),
+                                                       op=hvd_tf.Sum, name="total")))
     from tftorus import world
     rank, size = world.rank(), world.size()
     return (rank, lambda: world.allreduce_sum(tf.constant(0.0)),
-            lambda seconds: largest(world.allreduce_sum, rank, size, seconds, tf))
+            lambda seconds: largest(world.allreduce_sum, rank, size, seconds, tf),
+            lambda seconds: float(world.allreduce_sum(tf.constant(seconds, tf.float64))))
 
 
 def largest(sum_fn, rank: int, size: int, seconds: float, tf) -> float:
@@ -172,20 +175,22 @@ def largest(sum_fn, rank: int, size: int, seconds: float, tf) -> float:
 
 
 class _Timing:
-    """A Keras callback's times of each train batch (the same on Keras 2 and 3: a step's
-    function returns when its ops are done)."""
+    """A Keras callback's wall and CPU times of each train batch (the same on Keras 2 and 3: a
+    step's function returns when its ops are done). CPU: this process' every thread
+    (TensorFlow's, the collectives' and the engine's), from time.process_time."""
 
     @staticmethod
     def callback(tf):
         class StepTimes(tf.keras.callbacks.Callback):
             def on_train_begin(self, logs=None):
-                self.times = []
+                self.times, self.cpu = [], []
 
             def on_train_batch_begin(self, batch, logs=None):
-                self.start = time.perf_counter()
+                self.start, self.cpu_start = time.perf_counter(), time.process_time()
 
             def on_train_batch_end(self, batch, logs=None):
                 self.times.append(time.perf_counter() - self.start)
+                self.cpu.append(time.process_time() - self.cpu_start)
 
         return StepTimes()
 
@@ -197,7 +202,7 @@ def torus_worker(args) -> None:
     import tensorflow as tf
     import tftorus.keras
 
-    rank, line_up, slowest = runtime(tf)
+    rank, line_up, slowest, total = runtime(tf)
     hvd_keras = None
     if args.horovod:
         import horovod.tensorflow.keras as hvd_keras
@@ -242,11 +247,15 @@ def torus_worker(args) -> None:
             for variant in variants[shift:] + variants[:shift]:
                 model, reduce_fn, grads = built[variant]
                 line_up()  # start together
-                step = slowest(fit_step(tf, args, model, data))
-                allreduce = 0.0
+                step, step_cpu = fit_step(tf, args, model, data)
+                step, step_cpu = slowest(step), total(step_cpu)
+                allreduce = allreduce_cpu = 0.0
                 if reduce_fn is not None:
-                    allreduce = slowest(time_allreduce(args, lambda: reduce_fn(grads), line_up))
-                rows.append(row_of(meta, wire, repeat, variant, step, allreduce))
+                    allreduce, allreduce_cpu = time_allreduce(
+                        args, lambda: reduce_fn(grads), line_up)
+                    allreduce, allreduce_cpu = slowest(allreduce), total(allreduce_cpu)
+                rows.append(row_of(meta, wire, repeat, variant, step, allreduce, step_cpu,
+                                   allreduce_cpu))
                 if rank == 0:
                     print(f"  {wire} repeat {repeat} {variant:12s} step {step:.3f} s, "
                           f"all-reduce alone {allreduce:.3f} s", flush=True)
@@ -256,30 +265,36 @@ def torus_worker(args) -> None:
     tftorus.shutdown()
 
 
-def fit_step(tf, args, model, data) -> float:
-    """This rank's median step over `args.steps` model.fit steps after `args.warmup`."""
+def fit_step(tf, args, model, data) -> Tuple[float, float]:
+    """This rank's median step and median CPU seconds a step over `args.steps` model.fit steps
+    after `args.warmup`."""
     timer = _Timing.callback(tf)
     model.fit(data, steps_per_epoch=args.warmup + args.steps, epochs=1, verbose=0,
               callbacks=[timer])
-    return statistics.median(timer.times[args.warmup:])
+    return (statistics.median(timer.times[args.warmup:]),
+            statistics.median(timer.cpu[args.warmup:]))
 
 
-def time_allreduce(args, reduce_once, line_up) -> float:
+def time_allreduce(args, reduce_once, line_up) -> Tuple[float, float]:
     """This rank's median time of the reduction alone (every result read back), each call
-    started together."""
-    calls = []
+    started together, and its median CPU seconds a call."""
+    calls, cpu = [], []
     for _ in range(args.warmup + args.steps):
         line_up()
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         for t in reduce_once():
             t.numpy()
         calls.append(time.perf_counter() - start)
-    return statistics.median(calls[args.warmup:])
+        cpu.append(time.process_time() - cpu_start)
+    return statistics.median(calls[args.warmup:]), statistics.median(cpu[args.warmup:])
 
 
-def row_of(meta, wire, repeat, variant, step, allreduce) -> dict:
+def row_of(meta, wire, repeat, variant, step, allreduce, step_cpu=0.0,
+           allreduce_cpu=0.0) -> dict:
+    """A CSV row; the CPU seconds are every rank's together."""
     return {**meta, "wire": wire, "repeat": repeat, "variant": variant,
-            "step_s": f"{step:.4f}", "allreduce_s": f"{allreduce:.4f}"}
+            "step_s": f"{step:.4f}", "allreduce_s": f"{allreduce:.4f}",
+            "step_cpu_s": f"{step_cpu:.4f}", "allreduce_cpu_s": f"{allreduce_cpu:.4f}"}
 
 
 # ==================================================================================================
@@ -330,6 +345,9 @@ def mwms_worker(args) -> None:
     def slowest(seconds):
         return largest(sum_fn, rank, size, seconds, tf)
 
+    def total(seconds):
+        return float(sum_fn(tf.constant(seconds, tf.float64)))
+
     tf.keras.utils.set_random_seed(rank)
     shape = (args.image_size, args.image_size, 3)
     # MWMS takes the global batch and gives each worker its share: args.batch images a rank.
@@ -360,16 +378,18 @@ def mwms_worker(args) -> None:
     for repeat in range(args.first_repeat, args.first_repeat + args.repeats):
         line_up()
         try:
-            mine = fit_step(tf, args, model, data)
+            mine, mine_cpu = fit_step(tf, args, model, data)
         except Exception as error:  # as shipped: Keras 3's fit under MWMS (mwms_keras3_shims)
             text = " ".join(str(error).split())
             short = text if len(text) < 240 else f"{text[:120]} ... {text[-110:]}"
             print(f"  {variant}: model.fit failed: {type(error).__name__}: {short}", flush=True)
             raise SystemExit(1)
-        step = slowest(mine)
-        allreduce = slowest(time_allreduce(args, lambda: [
-            strategy.experimental_local_results(t)[0] for t in reduce_once()], line_up))
-        rows.append(row_of(meta, "fp32", repeat, variant, step, allreduce))
+        step, step_cpu = slowest(mine), total(mine_cpu)
+        allreduce, allreduce_cpu = time_allreduce(args, lambda: [
+            strategy.experimental_local_results(t)[0] for t in reduce_once()], line_up)
+        allreduce, allreduce_cpu = slowest(allreduce), total(allreduce_cpu)
+        rows.append(row_of(meta, "fp32", repeat, variant, step, allreduce, step_cpu,
+                           allreduce_cpu))
         if rank == 0:
             print(f"  fp32 repeat {repeat} {variant:12s} step {step:.3f} s, "
                   f"all-reduce alone {allreduce:.3f} s", flush=True)
@@ -392,17 +412,30 @@ def append_csv(path: str, rows: List[dict]) -> None:
 
 def step_table(rows: List[Dict[str, str]], peer: str = None) -> str:
     """One cluster, rate and wire: per variant the medians and the ratios (see the docstring).
-    `peer`: the variant of the ratio column (None: mwms where it was run, else hvd)."""
-    by = {}
+    `peer`: the variant of the ratio column (None: mwms where it was run, else hvd).
+    The last two columns (where the CSV has them): every rank's CPU seconds in one step and in
+    one all-reduce alone (each rank's median, summed): what the reduction takes from the
+    compute's cores where the two overlap. Their sum against the cores times the step tells
+    whether the cores or the order of the work set the step."""
+    by, cpu = {}, {}
     for r in rows:
         by.setdefault(r["variant"], {})[int(r["repeat"])] = (float(r["step_s"]),
                                                              float(r["allreduce_s"]))
+        if r.get("step_cpu_s"):
+            cpu.setdefault(r["variant"], {})[int(r["repeat"])] = (float(r["step_cpu_s"]),
+                                                                  float(r["allreduce_cpu_s"]))
     if peer is None:
         peer = "mwms" if "mwms" in by else "hvd"
     compute = by.get("compute", {})
     base = by.get(peer, {})
+    fmt = (lambda v: f"{statistics.median(v):.2f}" if v else "n/a")
+
+    def cpu_of(variant, which):
+        return [c[which] for c in cpu.get(variant, {}).values()]
+
     lines = [f"{'variant':<14}{'step s':>8}{'compute s':>11}{'all-reduce s':>14}"
-             f"{'hidden':>8}{'step/' + peer:>10}{'step/max(c,a)':>15}"]
+             f"{'hidden':>8}{'step/' + peer:>10}{'step/max(c,a)':>15}"
+             + (f"{'CPU s':>7}{'all-reduce CPU s':>18}" if cpu else "")]
     for variant, reps in by.items():
         if variant == "compute":
             continue
@@ -413,9 +446,14 @@ def step_table(rows: List[Dict[str, str]], peer: str = None) -> str:
         to_max = [s / max(compute[r][0], a) for r, (s, a) in reps.items() if r in compute]
         hidden = [(compute[r][0] + a - s) / min(compute[r][0], a)
                   for r, (s, a) in reps.items() if r in compute and min(compute[r][0], a) > 0]
-        fmt = (lambda v: f"{statistics.median(v):.2f}" if v else "n/a")
-        lines.append(f"{variant:<14}{step:>8.3f}{comp:>11.3f}{alone:>14.3f}"
-                     f"{fmt(hidden):>8}{fmt(to_peer):>10}{fmt(to_max):>15}")
+        line = (f"{variant:<14}{step:>8.3f}{comp:>11.3f}{alone:>14.3f}"
+                f"{fmt(hidden):>8}{fmt(to_peer):>10}{fmt(to_max):>15}")
+        if cpu:
+            line += f"{fmt(cpu_of(variant, 0)):>7}{fmt(cpu_of(variant, 1)):>18}"
+        lines.append(line)
+    if cpu and "compute" in cpu:
+        lines.append(f"(CPU s: every rank's; compute alone {fmt(cpu_of('compute', 0))} CPU s "
+                     f"a step)")
     return "\n".join(lines)
 
 

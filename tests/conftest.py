@@ -155,6 +155,7 @@ CURRENT_STACK = (
     "tests/test_input_pipeline.py",
     "tests/test_lars.py",
     "tests/test_emulated_step.py",
+    "tests/test_gradient_readiness.py",
     "tests/test_train_step.py",
     "tests/test_nonfinite.py",
     "tests/test_bn_statistics.py",

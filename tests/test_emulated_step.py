@@ -16,10 +16,14 @@ from studies import emulated_cluster as cluster
 from studies import emulated_step
 
 
-def row(variant, repeat, step, allreduce=0.0, wire="fp16", hosts="2", rph="2"):
-    return {"hosts": hosts, "ranks_per_host": rph, "link_gbit": "0.25", "wire": wire,
-            "repeat": str(repeat), "variant": variant, "step_s": str(step),
-            "allreduce_s": str(allreduce)}
+def row(variant, repeat, step, allreduce=0.0, wire="fp16", hosts="2", rph="2", cpu=None):
+    """A CSV row; `cpu` (step, all-reduce) CPU seconds of every rank, absent from older CSVs."""
+    out = {"hosts": hosts, "ranks_per_host": rph, "link_gbit": "0.25", "wire": wire,
+           "repeat": str(repeat), "variant": variant, "step_s": str(step),
+           "allreduce_s": str(allreduce)}
+    if cpu is not None:
+        out.update(step_cpu_s=str(cpu[0]), allreduce_cpu_s=str(cpu[1]))
+    return out
 
 
 class EmulatedStepReportTest(tf.test.TestCase):
@@ -36,6 +40,18 @@ class EmulatedStepReportTest(tf.test.TestCase):
         self.assertEqual(default[5], "0.62")  # 2.5 / 4 (rounded half to even)
         self.assertEqual(default[6], "1.25")  # 2.5 / max(1, 2)
         self.assertEqual(table[1].split()[5], "1.00")
+
+    def test_cpu_seconds_of_step_and_all_reduce(self):
+        rows = [row("compute", 0, 1.0, cpu=(2.0, 0.0)), row("hvd", 0, 4.0, 3.0, cpu=(4.0, 1.5)),
+                row("default", 0, 2.5, 2.0, cpu=(3.0, 0.8))]
+        table = emulated_step.step_table(rows).splitlines()
+        self.assertIn("CPU s", table[0])
+        default = table[2].split()
+        self.assertEqual(default[4], "0.50")  # the columns before are as without CPU times
+        self.assertEqual(default[7:9], ["3.00", "0.80"])
+        self.assertEqual(table[3], "(CPU s: every rank's; compute alone 2.00 CPU s a step)")
+        older = emulated_step.step_table([row("compute", 0, 1.0), row("hvd", 0, 4.0, 3.0)])
+        self.assertNotIn("CPU", older)  # a CSV from before the CPU columns
 
     def test_clusters_are_parsed_with_a_clear_error(self):
         self.assertEqual(emulated_step.topology("2x4"), (2, 4))
