@@ -14,9 +14,9 @@ The printout is the step's shape and what it allows. A data-parallel step runs t
 update, the forward pass and the backward pass up to the first full bucket before its first
 byte can leave, so of a compute step of C seconds at most C - (first bucket's time) can run
 beside the all-reduce, and less where the update can only start once every bucket's sum is
-back (in the plain step it runs beside the backward pass). That bounds the step study's "hidden" column (its share of the compute
-hidden under the all-reduce, where the all-reduce is the longer) for any optimizer and any
-network. The clocks are TensorFlow's own (tf.timestamp), made in the order the buckets are
+back (in the plain step it runs beside the backward pass). That bounds the step study's
+"hidden" column (its share of the compute hidden under the all-reduce, where the all-reduce is
+the longer) for any optimizer and any network. The clocks are TensorFlow's own (tf.timestamp), made in the order the buckets are
 ready: a tf.function runs such stateful ops in the order they were made, so each waits for the
 ones before it as well as for its bucket.
 
