@@ -16,9 +16,9 @@ byte can leave, so of a compute step of C seconds at most C - (first bucket's ti
 beside the all-reduce, and less where the update can only start once every bucket's sum is
 back (in the plain step it runs beside the backward pass). That bounds the step study's
 "hidden" column (its share of the compute hidden under the all-reduce, where the all-reduce is
-the longer) for any optimizer and any network. The clocks are TensorFlow's own (tf.timestamp), made in the order the buckets are
-ready: a tf.function runs such stateful ops in the order they were made, so each waits for the
-ones before it as well as for its bucket.
+the longer) for any optimizer and any network. The clocks are TensorFlow's own (tf.timestamp),
+made in the order the buckets are ready: a tf.function runs such stateful ops in the order they
+were made, so each waits for the ones before it as well as for its bucket.
 
 --threads sets TensorFlow's intra-op threads (default 1: what each of four ranks on two cores
 gets in the emulated cluster's studies). Times are medians over --steps after --warmup.
