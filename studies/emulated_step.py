@@ -30,8 +30,11 @@ its compute_gradients calls) on gradient-shaped tensors, with no forward or back
 Each repeat runs the variants in a rotated order; a variant's time is the slowest rank's median
 step. The table gives medians over repeats and, per repeat then their median, the step's ratio
 to hvd's and to max(compute, all-reduce), and how much of the smaller of the two the step hides:
-(compute + all-reduce - step) / min(compute, all-reduce). Needs root; exits 77 where namespaces
-cannot be made. The CSV (default /tmp/tftorus_step/steps.csv) is not for the repository.
+(compute + all-reduce - step) / min(compute, all-reduce); then every rank's CPU seconds in a step
+and in one all-reduce alone (what the reduction takes from the compute's cores where they
+overlap; studies/gradient_readiness.py gives the other bound, when the buckets are ready).
+Needs root; exits 77 where namespaces cannot be made. The CSV (default
+/tmp/tftorus_step/steps.csv) is not for the repository.
 
 On the current stack (TensorFlow >= 2.16, Keras 3, no Horovod; tftorus/stack.py tells) the peer
 is tf.distribute.MultiWorkerMirroredStrategy, and no rank is started by horovodrun: each gets a
@@ -468,7 +471,8 @@ def report_rows(rows: List[Dict[str, str]]) -> str:
     stand in every wire's table of their cluster, and make no table of their own."""
     groups = {}
     for r in rows:
-        groups.setdefault((r["hosts"], r["ranks_per_host"], r["link_gbit"], r["wire"]), []).append(r)
+        key = (r["hosts"], r["ranks_per_host"], r["link_gbit"], r["wire"])
+        groups.setdefault(key, []).append(r)
     peers = {}
     for (hosts, rph, gbit, wire), group in groups.items():
         for r in group:
