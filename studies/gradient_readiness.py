@@ -64,8 +64,9 @@ def bucket_plan(variables, wire, threshold_bytes: int):
 def readiness(model, optimizer, loss_fn, images, labels, buckets, steps: int,
               warmup: int) -> Dict[str, object]:
     """Medians, in seconds from the step's start: 'forward', 'buckets' (one per bucket, when
-    its last gradient exists), 'backward' (every gradient), and 'step' (the whole step with its
-    update, timed from outside), 'update' (the update alone, of gradients made before)."""
+    its last gradient exists), 'backward' (every gradient), and 'step' (the same steps with
+    their update, timed from outside: the clocks' own runs), 'update' (the update alone, of
+    gradients made before)."""
     import tensorflow as tf
     variables = model.trainable_variables
 
@@ -88,13 +89,6 @@ def readiness(model, optimizer, loss_fn, images, labels, buckets, steps: int,
         optimizer.apply_gradients(zip(grads, variables))
         return tf.stack([forward - start] + [t - start for t in ready] + [backward - start])
 
-    @tf.function
-    def plain():
-        with tf.GradientTape() as tape:
-            loss = loss_fn(labels, model(images, training=True))
-        optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
-        return loss
-
     fixed = [tf.random.normal(v.shape, seed=1) * 1e-3 for v in variables]
 
     @tf.function
@@ -110,10 +104,15 @@ def readiness(model, optimizer, loss_fn, images, labels, buckets, steps: int,
             out.append(time.perf_counter() - start)
         return statistics.median(out[warmup:])
 
-    clocks = [clocked().numpy() for _ in range(warmup + steps)][warmup:]
+    clocks, walls = [], []
+    for _ in range(warmup + steps):
+        start = time.perf_counter()
+        clocks.append(clocked().numpy())
+        walls.append(time.perf_counter() - start)
+    clocks = clocks[warmup:]
     column = [statistics.median(c[k] for c in clocks) for k in range(len(clocks[0]))]
     return {"forward": column[0], "buckets": column[1:-1], "backward": column[-1],
-            "step": timed(plain), "update": timed(update)}
+            "step": statistics.median(walls[warmup:]), "update": timed(update)}
 
 
 def report(result: Dict[str, object], buckets) -> List[str]:
