@@ -70,7 +70,7 @@ class TrainConfig:
     stall_timeout: float = _may_differ()
     grid: str = _may_differ()
     compression: str
-    fusion_threshold_mb: float = _may_differ()
+    fusion_threshold_mb: Optional[float] = _may_differ()  # None: planned
     # --- evaluation and output ---
     bn_stat_batches: int
     eval_every: float  # epochs between evaluations
@@ -158,7 +158,8 @@ def define_flags():
     d.DEFINE_string("grid", "auto", "torus grid: auto, paper, or YxX (rows x row length)")
     d.DEFINE_enum("compression", "fp16", ["none", "fp16", "bf16"],
                   "gradient wire format (paper: fp16)")
-    d.DEFINE_float("fusion_threshold_mb", 16.0, "largest fused gradient buffer (bucket) in MiB")
+    d.DEFINE_float("fusion_threshold_mb", None, "largest fused gradient buffer (bucket) in MiB; "
+                   "default: planned from the measured links (16 MiB on one host)")
     d.DEFINE_integer("bn_stat_batches", 10, "training batches per worker for BN statistics")
     d.DEFINE_float("eval_every", 1.0, "epochs between evaluations")
     d.DEFINE_string("model_dir", None, "checkpoints, TensorBoard and config (default: runs/exp<N>)")
@@ -227,7 +228,8 @@ def resolve(fv=None) -> TrainConfig:
         (fv.weight_decay >= 0, f"--weight_decay must be >= 0"),
         (fv.reference_batch >= 1, f"--reference_batch must be >= 1"),
         (fv.lr_scale is None or fv.lr_scale > 0, f"--lr_scale must be > 0, got {fv.lr_scale}"),
-        (fv.fusion_threshold_mb >= 0, f"--fusion_threshold_mb must be >= 0"),
+        (fv.fusion_threshold_mb is None or fv.fusion_threshold_mb >= 0,
+         f"--fusion_threshold_mb must be >= 0"),
         (fv.bn_stat_batches >= 1, f"--bn_stat_batches must be >= 1"),
         (fv.eval_every > 0, f"--eval_every must be positive"),
         (fv.max_steps is None or fv.max_steps >= 1, f"--max_steps must be >= 1"),

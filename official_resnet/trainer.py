@@ -289,7 +289,8 @@ def build_optimizer(config):
                    "bf16": tftorus.Compression.bf16}[config.compression]
     return tftorus.keras.DistributedOptimizer(
         lars, compression=compression, algorithm=config.algorithm, engine=config.engine,
-        fusion_threshold_bytes=int(config.fusion_threshold_mb * 1024 * 1024))
+        fusion_threshold_bytes=None if config.fusion_threshold_mb is None
+        else int(config.fusion_threshold_mb * 1024 * 1024))
 
 
 # ------------------------------------------------------------------------------------------------

@@ -17,11 +17,12 @@ TensorFlow call, because TF's runtime joins a cluster only when it starts.
 """
 import logging
 import os
+import time
 from typing import Iterable, List, NamedTuple, Optional, Tuple
 
 import tensorflow as tf
 
-from tftorus import stack
+from tftorus import planner, stack
 from tftorus.communicator import Communicator
 from tftorus.grid import (GridError, GridSpec, TorusGrid, divisors, hierarchical_grid,
                           resolve_grid)
@@ -42,6 +43,7 @@ class _State:
         self.grid = grid  # the default torus grid
         self.horovod_comm = horovod_comm  # the tf engine's Horovod companion under horovodrun
         self.asked = asked  # elastic jobs: what init() was asked for, to plan each new world
+        self.links = None  # planner.Links measured at init or given (None: fixed rules)
 
 
 class _Asked(NamedTuple):
@@ -72,8 +74,13 @@ def _groups_of(grids: Iterable[TorusGrid]) -> List[Tuple[int, ...]]:
     return groups
 
 
-def _grids_for(size: int, local_size: int, grid: GridSpec, extra_grids) -> List[TorusGrid]:
-    grids = [resolve_grid(grid, size, local_size)]
+def _grids_for(size: int, local_size: int, grid: GridSpec, extra_grids,
+               engine: Optional[str] = None) -> List[TorusGrid]:
+    given = planner.links_from_env() if grid is None and engine else None
+    if given is not None and 1 < local_size < size and size % local_size == 0:
+        grids = [_planned_grid(size, local_size, given, engine)]
+    else:
+        grids = [resolve_grid(grid, size, local_size)]
     if size % local_size == 0:  # hierarchical all-reduce's node rows, for comparisons
         grids.append(hierarchical_grid(size, local_size))
     grids.extend(resolve_grid(g, size, local_size) for g in extra_grids)
@@ -141,7 +148,7 @@ def init(grid: GridSpec = None, extra_grids: Iterable[GridSpec] = (),
         # Launched some other way: learn the size first, add the sets collectively after.
         hvd.init(process_sets="dynamic")
         return _adopt_running_horovod(grid, extra_grids, reduce_scatter_impl)
-    grids = _grids_for(size, local_size, grid, extra_grids)  # errors before any collective
+    grids = _grids_for(size, local_size, grid, extra_grids, "horovod")  # errors before collectives
     sets = [hvd.ProcessSet(list(g)) for g in _groups_of(grids)]
     hvd.init(process_sets=sets + user_sets)
     if hvd.size() != size:
@@ -150,6 +157,7 @@ def init(grid: GridSpec = None, extra_grids: Iterable[GridSpec] = (),
     _state = _State(HorovodCommunicator(sets, reduce_scatter_impl), grids[0])
     _new_generation()
     _log_grid()
+    _plan_links(grid_given=grid is not None)
     return _state
 
 
@@ -191,7 +199,7 @@ def _init_tf(grid, extra_grids, reduce_scatter_impl, collective_timeout, tf_host
                          f"engine's choice), got {reduce_scatter_impl!r}")
     tf_cluster.check_not_started()  # before horovodrun's rendezvous publishes a port
     cluster = tf_cluster.discover(tf_host, tf_port, collective_timeout)
-    grids = _grids_for(cluster.size, cluster.local_size, grid, extra_grids)  # before TF starts
+    grids = _grids_for(cluster.size, cluster.local_size, grid, extra_grids, "tf")  # before TF starts
     cluster = tf_cluster.bootstrap(tf_host, tf_port, collective_timeout)
     comm = TFCollectiveCommunicator(cluster, _groups_of(grids), reduce_scatter_impl or "auto",
                                     collective_timeout)
@@ -209,6 +217,7 @@ def _init_tf(grid, extra_grids, reduce_scatter_impl, collective_timeout, tf_host
     _state = _State(comm, grids[0], horovod_comm)
     _new_generation()
     _log_grid()
+    _plan_links(grid_given=grid is not None)
     return _state
 
 
@@ -219,7 +228,7 @@ def _adopt_running_horovod(grid, extra_grids, reduce_scatter_impl):
     if is_elastic():
         return _start_elastic(_Asked(grid, list(extra_grids), reduce_scatter_impl))
     size, local_size = hvd.size(), hvd.local_size()
-    grids = _grids_for(size, local_size, grid, extra_grids)
+    grids = _grids_for(size, local_size, grid, extra_grids, "horovod")
     groups = _groups_of(grids)
     dynamic = os.environ.get("HOROVOD_DYNAMIC_PROCESS_SETS", "0") not in ("", "0")
     sets = []
@@ -233,6 +242,7 @@ def _adopt_running_horovod(grid, extra_grids, reduce_scatter_impl):
     _state = _State(HorovodCommunicator(sets, reduce_scatter_impl), grids[0])
     _new_generation()
     _log_grid()
+    _plan_links(grid_given=grid is not None)
     return _state
 
 
@@ -332,6 +342,68 @@ def reform() -> _State:
     hvd.shutdown()
     hvd.init()
     return _start_elastic(before.asked, before)
+
+
+#: The gradient set the grid is planned for at init, before the model is known (groups and
+#: process sets are made then): about ResNet-50's in FP16. Buckets, chunks and algorithms are
+#: planned later, per traced step, for the real gradients (tftorus/reduction.py).
+GRID_PLAN_BYTES = 64 << 20
+PROBE_ENV = "TFTORUS_PROBE"
+
+
+def _engine_caps(engine: str) -> "planner.Engine":
+    return planner.Engine(concurrent_groups=engine == "tf")
+
+
+def _planned_grid(size: int, local_size: int, links, engine: str) -> TorusGrid:
+    return planner.plan(size, local_size, [(GRID_PLAN_BYTES, "grid")], links,
+                        _engine_caps(engine)).grid
+
+
+def _plan_links(grid_given: bool) -> None:
+    """The links the planner works from: TFTORUS_LINKS, else measured (tftorus/link_probe.py)
+    on jobs of two hosts or more; none on one host (nothing to plan there), under the elastic
+    driver (the world changes), or with TFTORUS_PROBE=0 (the fixed rules)."""
+    comm = _state.comm
+    given = planner.links_from_env()
+    size, local_size = comm.size, comm.local_size
+    if local_size >= size or size % local_size or is_elastic():
+        return
+    if given is None and os.environ.get(PROBE_ENV, "1").strip() == "0":
+        if comm.rank == 0:
+            logger.info("tftorus: %s=0: no link probe; fixed rules for buckets, chunks and "
+                        "algorithms", PROBE_ENV)
+        return
+    links = given
+    if links is None:
+        start = time.perf_counter()
+        from tftorus import link_probe
+        links = link_probe.probe(comm, local_size)
+        if comm.rank == 0:
+            logger.info("tftorus: links measured in %.2f s: %s (%s=%r gives them without the "
+                        "probe)", time.perf_counter() - start, links.describe(),
+                        planner.LINKS_ENV, links.spec())
+    _state.links = links
+    if grid_given:
+        return
+    best = _planned_grid(size, local_size, links, comm.engine)
+    if best == _state.grid:
+        return
+    if hasattr(comm, "register_groups"):  # the tf engine makes groups on demand: re-plan
+        comm.register_groups(_groups_of([best]))
+        _state.grid = best
+        if comm.rank == 0:
+            logger.info("tftorus: grid re-planned for the measured links: %s", best)
+            _log_grid()
+    elif comm.rank == 0:
+        logger.info("tftorus: the measured links favour a %s grid over %s; Horovod's process "
+                    "sets are fixed at init: set %s=%r (or grid=%r) to start on it",
+                    best, _state.grid, planner.LINKS_ENV, links.spec(), str(best))
+
+
+def links():
+    """The planner's links (measured at init or given), or None: fixed rules."""
+    return _state.links if _state is not None else None
 
 
 def _log_grid():

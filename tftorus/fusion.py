@@ -60,28 +60,32 @@ def static_shape(tensor: tf.Tensor, what: str = "tensor") -> Tuple[int, ...]:
 def plan_buckets(tensors: Sequence[tf.Tensor],
                  threshold_bytes: int = DEFAULT_THRESHOLD_BYTES) -> List[Bucket]:
     """Group tensors into buckets of one dtype and at most `threshold_bytes` (0: no fusion; a
-    larger tensor gets a bucket of its own), in ready order: the list is walked from its end, a
-    bucket closes when the next tensor would overflow it, and buckets come out in the order they
-    close. Inside a bucket the tensors keep the caller's order."""
+    larger tensor gets a bucket of its own), in ready order (bucket_indices says how)."""
+    shapes = [static_shape(t, f"tensor #{i}") for i, t in enumerate(tensors)]
+    sizes = [(int(np.prod(s, dtype=np.int64)) * t.dtype.size, t.dtype)
+             for s, t in zip(shapes, tensors)]
+    return [Bucket(indices, tuple(shapes[i] for i in indices), tensors[indices[0]].dtype)
+            for indices in bucket_indices(sizes, threshold_bytes)]
+
+
+def bucket_indices(sizes: Sequence[Tuple[int, object]],
+                   threshold_bytes: int = DEFAULT_THRESHOLD_BYTES) -> List[Tuple[int, ...]]:
+    """The buckets of tensors given as (bytes, dtype) in the caller's order, as index tuples:
+    the list is walked from its end, a bucket of one dtype closes when the next tensor would
+    overflow it, and buckets come out in the order they close (the rest at the end, in the
+    order their dtypes first appeared). Inside a bucket the tensors keep the caller's order.
+    Sizes alone decide it, so the planner (tftorus/planner.py) cuts exactly what runs."""
     if threshold_bytes < 0:
         raise ValueError(f"fusion threshold must be >= 0 bytes, got {threshold_bytes}")
-    open_buckets = {}  # dtype -> (indices, shapes, bytes) being filled, newest tensor first
+    open_buckets = {}  # dtype -> (indices, bytes) being filled, newest tensor first
     done = []
-
-    def close(dtype):
-        indices, shapes, _ = open_buckets.pop(dtype)
-        done.append(Bucket(indices, shapes, dtype))
-
-    for i in reversed(range(len(tensors))):
-        t = tensors[i]
-        shape, dtype = static_shape(t, f"tensor #{i}"), t.dtype
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.size
-        if dtype in open_buckets and open_buckets[dtype][2] + nbytes > threshold_bytes:
-            close(dtype)
-        indices, shapes, used = open_buckets.get(dtype, ((), (), 0))
-        open_buckets[dtype] = ((i,) + indices, (shape,) + shapes, used + nbytes)
-    for dtype in list(open_buckets):  # the rest, in the order their dtypes first appeared
-        close(dtype)
+    for i in reversed(range(len(sizes))):
+        nbytes, dtype = sizes[i]
+        if dtype in open_buckets and open_buckets[dtype][1] + nbytes > threshold_bytes:
+            done.append(open_buckets.pop(dtype)[0])
+        indices, used = open_buckets.get(dtype, ((), 0))
+        open_buckets[dtype] = ((i,) + indices, used + nbytes)
+    done.extend(indices for indices, _ in open_buckets.values())
     return done
 
 

@@ -14,13 +14,14 @@ IndexedSlices, Average/Sum with a predivide factor, groups) so Horovod's own opt
 wrappers can call it in place of theirs.
 """
 import dataclasses
+import logging
 import zlib
 from typing import List, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
 
-from tftorus import algorithms, context, fusion, stack
+from tftorus import algorithms, context, fusion, planner, stack
 from tftorus.communicator import Communicator
 from tftorus.compression import Compression
 from tftorus.grid import GridSpec, TorusGrid
@@ -30,6 +31,7 @@ from tftorus.grid import GridSpec, TorusGrid
 SUPPORTED_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int32, tf.int64)
 
 _OPS = {stack.Average: "average", stack.Sum: "sum"}
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,10 +40,11 @@ class TorusOptions:
 
     algorithm: str = "auto"  # 'auto' (per buffer: algorithms.choose), 'torus', 'ring', 'hierarchical'
     grid: GridSpec = None  # None: the grid given to tftorus.init()
-    fusion_threshold_bytes: int = fusion.DEFAULT_THRESHOLD_BYTES
+    # None: planned from the links (tftorus/planner.py), 16 MiB where none are known
+    fusion_threshold_bytes: Optional[int] = None
     check_consistency: bool = True  # one tiny all-reduce per step: mismatched ranks fail, not hang
     engine: Optional[str] = None  # 'horovod' or 'tf'; None: the engine tftorus.init() started
-    pipeline_chunks: Optional[int] = None  # torus chunks per buffer; None: by size and engine
+    pipeline_chunks: Optional[int] = None  # torus chunks per buffer; None: planned
 
     @classmethod
     def pop_from(cls, kwargs: dict) -> "TorusOptions":
@@ -59,9 +62,10 @@ class TorusOptions:
         algorithms.check_algorithm(self.algorithm)
         algorithms.check_chunks(self.pipeline_chunks)
         context.check_engine_name(self.engine)
-        if not isinstance(self.fusion_threshold_bytes, int) or self.fusion_threshold_bytes < 0:
-            raise ValueError(f"fusion_threshold_bytes must be a whole number >= 0, "
-                             f"got {self.fusion_threshold_bytes!r}")
+        threshold = self.fusion_threshold_bytes
+        if threshold is not None and (not isinstance(threshold, int) or threshold < 0):
+            raise ValueError(f"fusion_threshold_bytes must be a whole number >= 0 (or None: "
+                             f"planned), got {threshold!r}")
 
 
 def op_name(op) -> str:
@@ -127,7 +131,7 @@ def _consistency_check(comm: Communicator, buckets, signature: str):
 def fused_allreduce(tensors: Sequence[tf.Tensor], op="sum", *, algorithm: str = "torus",
                     grid: GridSpec = None, compression=Compression.none,
                     prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                    fusion_threshold_bytes: int = fusion.DEFAULT_THRESHOLD_BYTES,
+                    fusion_threshold_bytes: Optional[int] = None,
                     check_consistency: bool = True, engine: Optional[str] = None,
                     pipeline_chunks: Optional[int] = None,
                     comm: Optional[Communicator] = None,
@@ -171,8 +175,7 @@ def _reduce(options: TorusOptions, tensors: Sequence[tf.Tensor], op, compression
         w, ctx = compression.compress(_scale(t, prescale_factor))
         wire.append(w)
         ctxs.append(ctx)
-    buckets = fusion.plan_buckets(wire, options.fusion_threshold_bytes)
-    chosen = [algorithms.choose(options.algorithm, torus_grid, comm, b.nbytes) for b in buckets]
+    buckets, chosen, chunks = _plan(options, comm, torus_grid, wire)
     checks = []
     if options.check_consistency and comm.size > 1:
         signature = f"{torus_grid}|{op}|" + ";".join(
@@ -181,13 +184,50 @@ def _reduce(options: TorusOptions, tensors: Sequence[tf.Tensor], op, compression
     out: List[Optional[tf.Tensor]] = [None] * len(tensors)
     with tf.control_dependencies(checks):
         for k, (name, bucket) in enumerate(zip(chosen, buckets)):  # in ready order
+            grid = torus_grid
+            if name == "hierarchical" and options.algorithm != "hierarchical":  # planned
+                grid = context.grid_for("hierarchical", engine=options.engine)
             with tf.name_scope(f"bucket{k}"):  # names a bucket's ops in traces and timelines
-                pieces = _reduce_bucket(comm, torus_grid, name, wire, bucket,
-                                        options.pipeline_chunks)
+                pieces = _reduce_bucket(comm, grid, name, wire, bucket, chunks[k])
             for i, piece in zip(bucket.indices, pieces):
                 out[i] = _finish(compression.decompress(piece, ctxs[i]), postscale_factor,
                                  comm.size if op == "average" else 1)
     return out
+
+
+_plans = {}  # (links, world, options, tensors) -> the plan, made once and logged once
+
+
+def _plan(options: TorusOptions, comm: Communicator, grid: TorusGrid, wire):
+    """Buckets, their algorithms and chunk counts: planned from the links where tftorus knows
+    them (tftorus/planner.py; what options fix is taken as given), else the fixed rules (16 MiB
+    buckets, algorithms.choose, algorithms.pipeline_chunks)."""
+    links = context.links()
+    threshold = options.fusion_threshold_bytes
+    if links is None or comm.size == 1:
+        buckets = fusion.plan_buckets(wire, fusion.DEFAULT_THRESHOLD_BYTES
+                                      if threshold is None else threshold)
+        chosen = [algorithms.choose(options.algorithm, grid, comm, b.nbytes) for b in buckets]
+        return buckets, chosen, [options.pipeline_chunks] * len(buckets)
+    sizes = [(int(np.prod(fusion.static_shape(t, f"tensor #{i}"), dtype=np.int64))
+              * t.dtype.size, t.dtype.name) for i, t in enumerate(wire)]
+    dtypes = {t.dtype for t in wire}
+    engine = planner.Engine(concurrent_groups=comm.concurrent_groups, chunks_allowed=all(
+        not algorithms._ring_order_shows(grid, d) or algorithms.ordered_column(grid, comm, d)
+        for d in dtypes))
+    algorithm = None if options.algorithm == algorithms.AUTO else options.algorithm
+    key = (links, comm.size, comm.local_size, grid, engine, algorithm, threshold,
+           options.pipeline_chunks, tuple(sizes))
+    if key not in _plans:
+        _plans[key] = planner.plan(comm.size, comm.local_size, sizes, links, engine, grid=grid,
+                                   threshold_bytes=threshold, algorithm=algorithm,
+                                   chunks=options.pipeline_chunks)
+        if comm.rank == 0:
+            logger.info("%s", _plans[key].describe())
+    p = _plans[key]
+    buckets = fusion.plan_buckets(wire, p.fusion_threshold_bytes)
+    assert [b.indices for b in buckets] == [b.indices for b in p.buckets], "plan and fusion differ"
+    return buckets, [b.algorithm for b in p.buckets], [b.chunks for b in p.buckets]
 
 
 def _reduce_bucket(comm: Communicator, grid: TorusGrid, algorithm: str, wire, bucket,

@@ -180,6 +180,13 @@ class TFCollectiveCommunicator(Communicator):
         if cluster.size > 1:
             self.health.start()
 
+    def register_groups(self, groups: Iterable[Sequence[int]]) -> None:
+        """Groups of a grid planned after start (the planner, tftorus.context): keys in the same
+        canonical order on every process, as at construction. Every process calls it alike."""
+        for g in sorted({tuple(sorted(g)) for g in groups}, key=lambda g: (len(g), g)):
+            if len(g) > 1:
+                self.group_key(g)
+
     def stop_health_checks(self) -> None:
         """After the last collective (shutdown): peers may exit from here on."""
         self.health.stop()

@@ -1,0 +1,89 @@
+"""Worker: the link probe and the planner on a real world; the planned all-reduce against NumPy.
+
+    # two "hosts" of two ranks on loopback (127.0.0.1 and 127.0.0.2), the tf engine:
+    tests/test_planner.py runs it with one TF_CONFIG per rank
+    horovodrun --gloo -np 4 -H localhost:4 python tests/workers/planner_check.py   # one host
+
+On a world of two hosts or more, init() has measured the links: every rank must hold the same,
+the probe must have taken under 2 s, and a planned all-reduce (buckets, chunks and algorithm
+from the plan) must equal the float64 NumPy sum. On one host nothing is probed at init (there is
+nothing to plan), so the worker runs the probe itself as if its ranks sat on hosts of two, and
+checks the same agreement and time.
+"""
+import time
+
+import numpy as np
+import tensorflow as tf
+
+import tftorus
+from tftorus import context, link_probe, planner, reduction
+import report  # noqa: E402  (tests/workers)
+
+
+def _agree(comm, links: planner.Links, failures) -> None:
+    """Every rank holds the same links: the max and min over the world of each value agree."""
+    mine = np.array([links.intra.alpha, links.intra.beta, links.inter.alpha, links.inter.beta,
+                     links.lanes], np.float64)
+    both = comm.all_reduce(tf.constant(np.concatenate([mine, -mine])), comm.all_ranks(),
+                           op="max").numpy()
+    if not np.array_equal(both[:5], -both[5:]):
+        failures.append(f"ranks measured different links: max {both[:5]}, min {-both[5:]}")
+
+
+SHAPES = [(3,), (1000, 33), (7, 7), (256 * 1024,), (5,), (640, 1024), (11,)]
+
+
+def _tensors(rank: int):
+    rng = np.random.RandomState(rank)
+    out = [rng.standard_normal(s).astype(np.float32) for s in SHAPES]
+    return out + [rng.randint(-50, 50, size=(123,)).astype(np.int64)]
+
+
+def main():
+    tftorus.init()
+    comm = context.communicator()
+    rank, size, local = comm.rank, comm.size, comm.local_size
+    checks, failures = 0, []
+    if local < size:  # several hosts: init() probed
+        links = context.links()
+        checks += 1
+        if links is None or links.source != "measured":
+            failures.append(f"init() on {size // local} hosts left no measured links: {links}")
+            report.finish(rank, checks, failures, what="planner: ")
+        seconds = None
+    else:
+        start = time.perf_counter()
+        links = link_probe.probe(comm, 2)
+        seconds = time.perf_counter() - start
+    checks += 1
+    _agree(comm, links, failures)
+    checks += 1
+    if not (links.intra.beta > 0 and links.inter.beta > 0 and 1 <= links.lanes <= 2):
+        failures.append(f"implausible links {links}")
+    if seconds is not None:
+        checks += 1
+        if seconds > 2.0:
+            failures.append(f"the probe took {seconds:.2f} s (over 2 s)")
+    # A planned reduction: many tensors, two dtypes, sizes from a few bytes to a few MiB.
+    tensors = _tensors(rank)
+    out = reduction.fused_allreduce([tf.constant(t) for t in tensors], "sum", algorithm="auto")
+    every = [_tensors(r) for r in range(size)]
+    for i, got in enumerate(out):
+        checks += 1
+        want = sum(e[i].astype(np.float64) for e in every)
+        if tensors[i].dtype == np.int64:
+            ok = np.array_equal(got.numpy(), want.astype(np.int64))
+        else:
+            ok = float(np.max(np.abs(got.numpy() - want))) <= 1e-4 * max(
+                1.0, float(np.max(np.abs(want))))
+        if not ok:
+            failures.append(f"tensor {i} {tensors[i].shape} {tensors[i].dtype}: sum differs")
+    plans = {p.describe() for p in reduction._plans.values()}
+    print(f"[rank {rank}] links {links.describe()}"
+          + (f" in {seconds:.2f} s" if seconds is not None else "")
+          + "".join(f"\n[rank {rank}] plan {p}" for p in plans), flush=True)
+    report.finish(rank, checks, failures, what="planner: ")
+
+
+if __name__ == "__main__":
+    main()

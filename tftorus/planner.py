@@ -1,0 +1,399 @@
+"""The planner: grid, buckets, chunks and algorithm per bucket, from the job and its links.
+
+tftorus' run-time choices cost or win by the links they run on: every collective call pays a
+latency per sequential step (the torus 2(X-1) + 2(Y-1), a ring 2(N-1)), every bucket and every
+pipelined chunk pays those again, and the bytes pay the bandwidth of whichever link carries
+them. Fixed rules picked on one cluster lose elsewhere (docs/scale.md: at 1,024-4,096 GPUs the
+1-MiB chunk rule made the torus 2.9-4.2x slower than one buffer). So the plan is computed, per
+job, from the cost model (tftorus/cost_model.py) with:
+
+  the world      ranks, ranks per host
+  the gradients  their sizes and dtypes in the order the optimizer hands them (bucketed exactly
+                 as tftorus.fusion will cut them)
+  the links      latency and bandwidth inside a host and across hosts, and how many ranks of a
+                 host can cross at full speed at once (`Links`): measured at init by
+                 tftorus/link_probe.py, or given (TFTORUS_LINKS, `Links.parse`)
+  the engine     whether collectives of different groups run at once (the tf engine: a torus
+                 can pipeline chunks) or one after the other (Horovod's background loop)
+  optionally     when each gradient is ready in the backward pass (`StepProfile`), so buckets
+                 are judged by the communication the step cannot hide, not the sum of it
+
+It tries every candidate (fusion threshold; per bucket every algorithm and chunk count the
+engine can run; the grid where it is free) and keeps the fastest. Candidates within
+`TIE_FRACTION` of the best go to the simpler plan (fewer buckets, fewer chunks, the torus).
+What the caller fixed (TorusOptions fields, grid=) is taken as given. Everything read is the
+same on every rank (the links are averaged over the world by the probe), so every rank plans
+alike; the consistency check compares the outcome too.
+
+No TensorFlow ops (fusion's bucketing is by sizes): the studies (studies/simulated_cluster.py)
+run the same function on clusters that exist only in the simulator.
+"""
+import dataclasses
+import math
+import os
+import re
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from tftorus import cost_model as cm
+from tftorus.fusion import bucket_indices
+from tftorus.grid import TorusGrid, divisors, hierarchical_grid, plan_grid
+
+MIB = 1 << 20
+#: Fusion thresholds tried (bytes); ONE_BUFFER stands for "everything of one dtype together"
+#: (0 is fusion's "no fusion": each tensor alone).
+ONE_BUFFER = -1
+THRESHOLDS = (1 * MIB, 2 * MIB, 4 * MIB, 8 * MIB, 16 * MIB, 32 * MIB, 64 * MIB, ONE_BUFFER)
+#: Chunk counts tried per torus bucket on engines that pipeline (algorithms.MAX_CHUNKS at most).
+CHUNKS = (1, 2, 4, 8, 16)
+#: Plans predicted within this fraction of the best are equal; the simpler one is kept.
+TIE_FRACTION = 0.01
+ALGORITHMS = ("torus", "ring", "hierarchical")
+LINKS_ENV = "TFTORUS_LINKS"
+
+
+class PlanError(ValueError):
+    """Links or a plan request that cannot be used; says what to change."""
+
+
+# ==================================================================================================
+# Links
+# ==================================================================================================
+
+@dataclasses.dataclass(frozen=True)
+class Links:
+    """What the links of a job cost, per level.
+
+    intra: a message between two ranks of one host (alpha s, beta s/byte).
+    inter: a message from one rank to another host while no other rank of its host sends.
+    lanes: how many ranks of a host can send across hosts at once at `inter`'s bandwidth each
+      (1: one NIC shared by the host; ranks per host: a NIC per rank, rails). s ranks crossing at
+      once each get min(1, lanes / s) of it.
+    gamma: s per byte summed; per_op: s per collective call (both folded into alpha and beta
+      when measured; kept for given values).
+    """
+
+    intra: cm.Link
+    inter: cm.Link
+    lanes: float = 1.0
+    gamma: float = 0.0
+    per_op: float = 0.0
+    source: str = "given"
+
+    def __post_init__(self):
+        if not (math.isfinite(self.lanes) and self.lanes >= 1):
+            raise PlanError(f"Links.lanes must be >= 1 (ranks of a host that can cross at once "
+                            f"at full speed), got {self.lanes!r}")
+
+    def cost_model(self, local_size: int) -> cm.CostModel:
+        """The cost model of these links on hosts of `local_size` ranks."""
+        lanes = max(1, min(local_size, int(round(self.lanes))))
+        return cm.CostModel(cm.Params(self.intra, self.inter, gamma=self.gamma,
+                                      per_op=self.per_op),
+                            cm.Topology(ranks_per_host=local_size, nics_per_host=lanes,
+                                        nics_per_rank=1))
+
+    def describe(self) -> str:
+        def one(link: cm.Link) -> str:
+            return f"{link.alpha * 1e6:.3g} us / {link.bandwidth / 1e9:.3g} GB/s"
+        return (f"{self.source}: in a host {one(self.intra)}, across hosts {one(self.inter)} "
+                f"per rank, {self.lanes:.3g} rank(s) of a host at full speed at once")
+
+    def spec(self) -> str:
+        """The TFTORUS_LINKS value that gives these links (Links.parse reads it back)."""
+        return (f"intra={self.intra.alpha * 1e6:.4g}us@{self.intra.bandwidth / 1e9:.4g}GB/s,"
+                f"inter={self.inter.alpha * 1e6:.4g}us@{self.inter.bandwidth / 1e9:.4g}GB/s,"
+                f"lanes={self.lanes:.4g}")
+
+    @classmethod
+    def parse(cls, text: str) -> "Links":
+        """'intra=3.4us@50GB/s,inter=9.6us@12.5GB/s,lanes=2' (lanes optional, default 1).
+
+        Latency in s, ms or us; bandwidth in GB/s, MB/s or Gbit/s."""
+        fields: Dict[str, str] = {}
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            key, _, value = part.partition("=")
+            fields[key.strip().lower()] = value.strip()
+        unknown = set(fields) - {"intra", "inter", "lanes"}
+        if unknown or not {"intra", "inter"} <= set(fields):
+            raise PlanError(f"{LINKS_ENV}={text!r}: give intra= and inter= (and lanes=), e.g. "
+                            f"'intra=3.4us@50GB/s,inter=9.6us@12.5GB/s,lanes=2'")
+        try:
+            lanes = float(fields.get("lanes", "1"))
+        except ValueError:
+            raise PlanError(f"{LINKS_ENV}: lanes={fields['lanes']!r} is not a number") from None
+        return cls(_parse_link(fields["intra"], "intra"), _parse_link(fields["inter"], "inter"),
+                   lanes=lanes, source=f"given ({LINKS_ENV})")
+
+
+_TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
+_RATE_UNITS = {"gb/s": 1e9, "mb/s": 1e6, "gbit/s": 1e9 / 8}
+
+
+def _parse_link(text: str, name: str) -> cm.Link:
+    match = re.fullmatch(r"\s*([0-9.eE+-]+)\s*(s|ms|us)\s*@\s*([0-9.eE+-]+)\s*(GB/s|MB/s|Gbit/s)\s*",
+                         text, re.IGNORECASE)
+    if not match:
+        raise PlanError(f"{LINKS_ENV}: {name}={text!r} is not 'LATENCY@BANDWIDTH', e.g. "
+                        f"'9.6us@12.5GB/s' (latency in s, ms or us; bandwidth in GB/s, MB/s or "
+                        f"Gbit/s)")
+    alpha = float(match.group(1)) * _TIME_UNITS[match.group(2).lower()]
+    rate = float(match.group(3)) * _RATE_UNITS[match.group(4).lower()]
+    if not (alpha >= 0 and rate > 0 and math.isfinite(alpha) and math.isfinite(rate)):
+        raise PlanError(f"{LINKS_ENV}: {name}={text!r} needs a latency >= 0 and a bandwidth > 0")
+    return cm.Link(alpha=alpha, beta=1.0 / rate)
+
+
+def links_from_env() -> Optional[Links]:
+    """The links TFTORUS_LINKS gives, or None when it is unset."""
+    text = os.environ.get(LINKS_ENV, "").strip()
+    return Links.parse(text) if text else None
+
+
+# ==================================================================================================
+# What the planner decides
+# ==================================================================================================
+
+@dataclasses.dataclass(frozen=True)
+class StepProfile:
+    """When each gradient is ready, in seconds from the start of the backward pass (the
+    optimizer's order), and how long the backward pass takes: communication before that end is
+    hidden (as far as the buckets are ready and the links are free)."""
+
+    ready: Tuple[float, ...]
+    backward_seconds: float
+
+
+@dataclasses.dataclass(frozen=True)
+class BucketPlan:
+    indices: Tuple[int, ...]  # the tensors it carries (caller's order)
+    nbytes: int
+    algorithm: str
+    chunks: int
+    seconds: float  # predicted, alone
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    grid: TorusGrid
+    threshold_bytes: int  # ONE_BUFFER: one bucket per dtype
+    buckets: Tuple[BucketPlan, ...]
+    seconds: float  # predicted all-reduce of every bucket, one after the other
+    exposed_seconds: float  # predicted communication the step does not hide (profile), else seconds
+    links: Optional[Links] = None
+    why: str = ""
+
+    @property
+    def fusion_threshold_bytes(self) -> int:
+        """The threshold fusion.plan_buckets takes for this plan (one buffer: every byte)."""
+        if self.threshold_bytes != ONE_BUFFER:
+            return self.threshold_bytes
+        return max(1, sum(b.nbytes for b in self.buckets))
+
+    def describe(self) -> str:
+        """One line for the log: the plan, then why."""
+        n = len(self.buckets)
+        sizes = sorted({round(b.nbytes / MIB, 1) for b in self.buckets}, reverse=True)
+        algos = sorted({b.algorithm for b in self.buckets})
+        chunks = sorted({b.chunks for b in self.buckets})
+        size_text = "/".join(f"{s:g}" for s in sizes[:3]) + ("/..." if len(sizes) > 3 else "")
+        text = (f"tftorus: grid {self.grid}, {n} bucket{'s' * (n != 1)} of {size_text} MiB, "
+                f"{'/'.join(map(str, chunks))} chunk{'s' * (chunks != [1])} each, "
+                f"{'/'.join(algos)}; predicted {self.seconds * 1e3:.3g} ms per all-reduce")
+        if self.links is not None:
+            text += f"; links {self.links.describe()}"
+        return text + (f"; {self.why}" if self.why else "")
+
+
+@dataclasses.dataclass(frozen=True)
+class Engine:
+    """What the engine can run: collectives of different groups at once (chunks pipeline), and
+    whether chunks may be cut at all (a float column of 3+ ranks summed by the engine's ring
+    would round differently with them: algorithms.pipeline_chunks)."""
+
+    concurrent_groups: bool
+    chunks_allowed: bool = True
+
+
+# ==================================================================================================
+# Costs
+# ==================================================================================================
+
+def _algorithm_grid(algorithm: str, grid: TorusGrid, local_size: int) -> TorusGrid:
+    return hierarchical_grid(grid.size, local_size) if algorithm == "hierarchical" else grid
+
+
+class ModelCosts:
+    """Seconds of one bucket for an algorithm, grid and chunk count, from the cost model: each
+    phase's time is affine in its bytes, so every (algorithm, grid) is evaluated at two sizes
+    once. Anything with the same `seconds` can stand in for it (the studies' simulator)."""
+
+    def __init__(self, model: cm.CostModel, local_size: int):
+        self.model = model
+        self.local_size = local_size
+        self._lines: Dict[tuple, List[Tuple[float, float]]] = {}
+
+    def _phase_lines(self, algorithm: str, grid: TorusGrid) -> List[Tuple[float, float]]:
+        key = (algorithm, grid.x)
+        if key not in self._lines:
+            g = _algorithm_grid(algorithm, grid, self.local_size)
+            one = self.model.phases(algorithm, g, float(MIB))
+            zero = self.model.phases(algorithm, g, 0.0)
+            params = self.model.params
+            self._lines[key] = [(z.seconds(params), (o.seconds(params) - z.seconds(params)) / MIB)
+                                for z, o in zip(zero, one)]
+        return self._lines[key]
+
+    def seconds(self, algorithm: str, grid: TorusGrid, nbytes: float, chunks: int,
+                concurrent: bool) -> float:
+        phases = [a + b * nbytes / chunks for a, b in self._phase_lines(algorithm, grid)]
+        if chunks == 1:
+            return sum(phases)
+        if algorithm != "torus" or len(phases) != 3 or not concurrent:
+            return chunks * sum(phases)
+        return pipelined(phases, chunks)
+
+
+def pipelined(phases: Sequence[float], chunks: int) -> float:
+    """A torus bucket of `chunks` equal chunks: chunk i's column all-reduce runs beside chunk
+    i+1's row reduce-scatter and chunk i-1's row all-gather (those two share the row links, so
+    they take turns); `phases` are one chunk's (reduce-scatter, column, all-gather) seconds."""
+    rs, col, ag = phases
+    middle = sum(max(col, (rs if i < chunks else 0.0) + (ag if i > 1 else 0.0))
+                 for i in range(1, chunks + 1))
+    return rs + middle + ag
+
+
+def exposed(bucket_seconds: Sequence[float], ready: Sequence[float],
+            backward_seconds: float) -> float:
+    """Communication past the backward pass' end when bucket i, ready at ready[i], runs once the
+    bucket before it is done (the engines run buckets' collectives in ready order)."""
+    end = 0.0
+    for t, r in zip(bucket_seconds, ready):
+        end = max(end, r) + t
+    return max(0.0, end - backward_seconds)
+
+
+# ==================================================================================================
+# Planning
+# ==================================================================================================
+
+def candidate_algorithms(grid: TorusGrid, local_size: int) -> Tuple[str, ...]:
+    """What 'auto' may choose on this grid: on one host, or where the grid has one row or one
+    column, the engine's own all-reduce only (the torus would be a ring, and on one host it only
+    adds steps where no slow link is to be spared: measured, docs/emulated_cluster.md)."""
+    if local_size >= grid.size or grid.x == 1 or grid.y == 1:
+        return ("ring",)
+    out = ["torus", "ring"]
+    if grid.size % local_size == 0 and 1 < local_size:
+        out.append("hierarchical")
+    return tuple(out)
+
+
+def plan(size: int, local_size: int, tensor_bytes: Sequence[Tuple[int, object]],
+         links: Optional[Links], engine: Engine, *, grid: Optional[TorusGrid] = None,
+         threshold_bytes: Optional[int] = None, algorithm: Optional[str] = None,
+         chunks: Optional[int] = None, profile: Optional[StepProfile] = None,
+         grids: Optional[Sequence[TorusGrid]] = None, costs=None) -> Plan:
+    """The fastest plan the cost model predicts for these tensors on these links.
+
+    tensor_bytes: (bytes, dtype) of each tensor, in the optimizer's order.
+    grid / threshold_bytes / algorithm / chunks: fixed by the caller (None: planned; algorithm
+      'auto' is None). grids: the grids to choose among when `grid` is None (default: every
+      row length of the world; an engine whose groups are fixed passes its one grid as `grid`).
+    links: measured (tftorus/link_probe.py) or given (Links.parse); without them tftorus keeps
+      its fixed rules and does not call this (reduction.py).
+    costs: what a bucket costs (default: ModelCosts of `links`); the studies pass simulated ones.
+    """
+    if size < 1 or local_size < 1:
+        raise PlanError(f"size and local_size must be >= 1, got {size} and {local_size}")
+    local_size = min(local_size, size)
+    if algorithm == "auto":
+        algorithm = None
+    if algorithm is not None and algorithm not in ALGORITHMS:
+        raise PlanError(f"unknown algorithm {algorithm!r}; choose one of {ALGORITHMS} or 'auto'")
+    if links is None:
+        raise PlanError("plan() needs links: measure them (tftorus.link_probe) or give them "
+                        f"({LINKS_ENV})")
+    costs = costs or ModelCosts(links.cost_model(local_size), local_size)
+    if grid is not None:
+        grid_choices = [grid]
+    else:
+        grid_choices = list(grids) if grids else [TorusGrid(size=size, x=x) for x in divisors(size)]
+    thresholds = [threshold_bytes] if threshold_bytes is not None else list(THRESHOLDS)
+    total = sum(b for b, _ in tensor_bytes)
+    best: Optional[Plan] = None
+    best_key = None
+    for g in grid_choices:
+        algos = (algorithm,) if algorithm else candidate_algorithms(g, local_size)
+        chunk_choices = _chunk_choices(g, local_size, engine, chunks)
+        for threshold in thresholds:
+            cut = threshold if threshold != ONE_BUFFER else max(1, total)
+            buckets = []
+            for indices in bucket_indices(tensor_bytes, cut):
+                nbytes = sum(tensor_bytes[i][0] for i in indices)
+                options = [(costs.seconds(a, g, nbytes, k if a == "torus" else 1,
+                                          engine.concurrent_groups), a, k if a == "torus" else 1)
+                           for a in algos for k in (chunk_choices if a == "torus" else (1,))]
+                t_best = min(t for t, _, _ in options)
+                # the simplest option within the tie band: the torus first, then fewer chunks
+                t, a, k = min((o for o in options if o[0] <= t_best * (1 + TIE_FRACTION)),
+                              key=lambda o: (ALGORITHMS.index(o[1]), o[2]))
+                buckets.append(BucketPlan(tuple(indices), nbytes, a, k, t))
+            seconds = sum(b.seconds for b in buckets)
+            if profile is not None:
+                ready = [max(profile.ready[i] for i in b.indices) for b in buckets]
+                order = sorted(range(len(buckets)), key=lambda j: ready[j])
+                cost = exposed([buckets[j].seconds for j in order], [ready[j] for j in order],
+                               profile.backward_seconds)
+            else:
+                cost = seconds
+            candidate = Plan(g, threshold, tuple(buckets), seconds, cost, links)
+            # simpler wins a tie: fewer buckets, then the grid plan_grid would pick
+            key = (cost, len(buckets), g != plan_grid(size, local_size))
+            if best is None or _better(key, best_key):
+                best, best_key = candidate, key
+    return dataclasses.replace(best, why=_why(best, grid, threshold_bytes, algorithm, chunks,
+                                              profile))
+
+
+def _better(key, best_key) -> bool:
+    cost, best_cost = key[0], best_key[0]
+    if cost < best_cost * (1 - TIE_FRACTION):
+        return True
+    if cost > best_cost * (1 + TIE_FRACTION):
+        return False
+    return key[1:] < best_key[1:] or (key[1:] == best_key[1:] and cost < best_cost)
+
+
+def _chunk_choices(grid: TorusGrid, local_size: int, engine: Engine,
+                   chunks: Optional[int]) -> Tuple[int, ...]:
+    if chunks is not None:
+        return (chunks,)
+    if not (engine.concurrent_groups and engine.chunks_allowed) or local_size >= grid.size:
+        return (1,)  # nothing runs beside a chunk's phases, or one host: chunks only add calls
+    return CHUNKS
+
+
+def _why(p: Plan, grid, threshold, algorithm, chunks, profile) -> str:
+    fixed = [name for name, v in (("grid", grid), ("buckets", threshold),
+                                  ("algorithm", algorithm), ("chunks", chunks)) if v is not None]
+    parts = []
+    if fixed:
+        parts.append(f"{', '.join(fixed)} fixed")
+    parts.append("judged by the step's exposed communication" if profile
+                 else "judged by the all-reduce's time")
+    return "; ".join(parts)
+
+
+def evaluate(p: Plan, costs, engine: Engine, profile: Optional[StepProfile] = None
+             ) -> Tuple[float, float]:
+    """(all-reduce seconds, exposed seconds) of plan `p` under other `costs` (the studies judge
+    the planner's choice, made on its cost model, by a simulator's costs)."""
+    seconds = [costs.seconds(b.algorithm, p.grid, b.nbytes, b.chunks, engine.concurrent_groups)
+               for b in p.buckets]
+    if profile is None:
+        return sum(seconds), sum(seconds)
+    ready = [max(profile.ready[i] for i in b.indices) for b in p.buckets]
+    order = sorted(range(len(seconds)), key=lambda j: ready[j])
+    return sum(seconds), exposed([seconds[j] for j in order], [ready[j] for j in order],
+                                 profile.backward_seconds)
