@@ -296,6 +296,90 @@ class StepJob:
 
 
 # ==================================================================================================
+# A current GPU cluster: 8 GPUs per node, a NIC per GPU, rail-optimized fat tree (added for
+# studies/planner_sweep.py; the platforms above are built as before)
+# ==================================================================================================
+
+@dataclasses.dataclass(frozen=True)
+class RailsSpec(ClusterSpec):
+    """A rail-optimized cluster: GPU i of every node has its own NIC on leaf (rail) i of its
+    scalable unit (a 'rack' here: `nodes_per_rack` nodes); a node's GPUs reach each other through
+    an NVSwitch (a port of node.pair_bw per GPU and direction, half of node.pair_lat each way);
+    same-rail traffic of one unit turns at its leaf, everything else (another rail, another unit)
+    climbs to the spine: `switch_lat` on each leaf-spine hop. The fabric is non-blocking: no
+    switch or uplink limits a rate, only the NICs and NVSwitch ports do. Built by RailsPlatform."""
+
+    switch_lat: float = 0.3 * US
+
+
+def rails(name: str = "rails", units: int = 18, nodes_per_unit: int = 32) -> RailsSpec:
+    """A DGX H100 SuperPOD-like cluster (public figures; nothing fitted):
+
+    - NVIDIA DGX H100 (datasheet / user guide): 8x H100 SXM5, NVLink 4 through NVSwitch, 900 GB/s
+      bidirectional per GPU (18 links x 25 GB/s each way): 450 GB/s per direction per GPU;
+      8x ConnectX-7 single-port 400 Gb/s InfiniBand NDR (one per GPU): 50 GB/s per direction.
+    - NVIDIA DGX SuperPOD reference architecture (DGX H100): scalable units of 32 nodes, a
+      rail-optimized, non-blocking (full fat-tree) compute fabric of Quantum-2 NDR switches: NIC
+      i of every node of a unit on leaf i, leaves joined through spines.
+    - Latencies as ABCI's model takes them from NCCL's tuning table (Ring / Simple): 3.4 us per
+      NVLink hop, 9.6 us per network hop node to node (4.8 us each end); the spine adds
+      2 x `switch_lat` (0.3 us per leaf-spine hop: an assumption, of the order of an InfiniBand
+      switch's port-to-port latency).
+
+    18 units of 32 nodes: 576 nodes, 4,608 GPUs (4,096 fill 512 nodes; the rest lets a
+    scattered placement pick among more nodes than it needs)."""
+    node = NodeSpec(gpus=8, pair_bw=450 * GB, pair_lat=3.4 * US, nics=8, nic_bw=50 * GB,
+                    nic_lat=4.8 * US, nic_of_gpu=tuple(range(8)))
+    return RailsSpec(name, node, racks=units, nodes_per_rack=nodes_per_unit)
+
+
+class RailsPlatform(Platform):
+    """Platform that also builds RailsSpec clusters (other specs exactly as Platform does).
+
+    A unit is one Dijkstra zone: GPU hosts, an NVSwitch router per node, a leaf router per rail
+    and a spine router (the unit's gateway to the others, through a star zone with no limit).
+    SimGrid's Dijkstra counts the links of each edge, so every host edge carries its port and one
+    limitless zero-latency link: a message between two nodes' GPUs then takes its own NIC, never
+    an NVLink hop to another GPU's NIC (NCCL's PXN is not modelled), and one inside a node takes
+    the NVSwitch, never the fabric."""
+
+    def _cluster(self, root, spec: ClusterSpec) -> list:
+        if not isinstance(spec, RailsSpec):
+            return super()._cluster(root, spec)
+        sg = self.sg
+        czone = sg.NetZone.create_star_zone(spec.name)
+        czone.set_parent(root)
+        node = spec.node
+        gpus = []
+        for u in range(spec.racks):
+            name = f"{spec.name}-u{u}"
+            uzone = sg.NetZone.create_dijkstra_zone(name)
+            uzone.set_parent(czone)
+            pad = self._link(uzone, f"{name}-pad", 0.0, 0.0)
+            spine = uzone.create_router(f"{name}-spine")
+            leaves = [uzone.create_router(f"{name}-leaf{i}") for i in range(node.nics)]
+            for i, leaf in enumerate(leaves):
+                up = self._link(uzone, f"{name}-leaf{i}-up", 0.0, spec.switch_lat)
+                uzone.add_route(leaf, spine, None, None, [self._up(up)], True)
+            for n in range(spec.nodes_per_rack):
+                nname = f"{name}n{n}"
+                nvswitch = uzone.create_router(f"{nname}-nvs")
+                for i in range(node.gpus):
+                    host = uzone.create_host(f"{nname}g{i}", 1e12).seal()
+                    port = self._link(uzone, f"{nname}-nv{i}", node.pair_bw, node.pair_lat / 2)
+                    uzone.add_route(host.netpoint, nvswitch, None, None,
+                                    [self._up(port), self._up(pad)], True)
+                    nic = self._link(uzone, f"{nname}-nic{i}", node.nic_bw, node.nic_lat)
+                    uzone.add_route(host.netpoint, leaves[node.nic_of_gpu[i]], None, None,
+                                    [self._up(nic), self._up(pad)], True)
+                    gpus.append(host)
+            uzone.seal()
+            czone.add_route(uzone.netpoint, None, spine, None, [], True)
+        czone.seal()
+        return gpus
+
+
+# ==================================================================================================
 # Collectives as phases of ring steps (the cost model's phases)
 # ==================================================================================================
 

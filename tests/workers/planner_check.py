@@ -1,7 +1,8 @@
 """Worker: the link probe and the planner on a real world; the planned all-reduce against NumPy.
 
-    # two "hosts" of two ranks on loopback (127.0.0.1 and 127.0.0.2), the tf engine:
-    tests/test_planner.py runs it with one TF_CONFIG per rank
+    # two "hosts" of two ranks each, both on this machine
+    horovodrun --gloo -np 4 -H localhost:2,127.0.0.1:2 python tests/workers/planner_check.py
+    # the tf engine: one TF_CONFIG per rank naming 127.0.0.1 and 127.0.0.2 (tests/test_planner.py)
     horovodrun --gloo -np 4 -H localhost:4 python tests/workers/planner_check.py   # one host
 
 On a world of two hosts or more, init() has measured the links: every rank must hold the same,
@@ -10,6 +11,7 @@ from the plan) must equal the float64 NumPy sum. On one host nothing is probed a
 nothing to plan), so the worker runs the probe itself as if its ranks sat on hosts of two, and
 checks the same agreement and time.
 """
+import os
 import time
 
 import numpy as np
@@ -40,7 +42,7 @@ def _tensors(rank: int):
 
 
 def main():
-    tftorus.init()
+    tftorus.init(engine=os.environ.get("TFTORUS_ENGINE") or None)
     comm = context.communicator()
     rank, size, local = comm.rank, comm.size, comm.local_size
     checks, failures = 0, []

@@ -1,0 +1,182 @@
+"""The planner (tftorus/planner.py) on synthetic links, the probe's fit (tftorus/link_probe.py),
+and both on real worlds: two loopback "hosts" on the tf engine, one host on Horovod's."""
+import json
+import os
+import subprocess
+import sys
+import unittest
+
+from tftorus import cost_model as cm
+from tftorus import link_probe, planner
+from tftorus.grid import TorusGrid
+
+from tests import harness
+
+MIB = 1 << 20
+GB = 1e9
+US = 1e-6
+TF_ENGINE = planner.Engine(concurrent_groups=True)
+HOROVOD_ENGINE = planner.Engine(concurrent_groups=False)
+
+
+def resnet_like(total_mib: float = 48.0, count: int = 160):
+    """`count` tensors, a few large and many small, like a CNN's gradients (forward order)."""
+    sizes = [int(total_mib * MIB * w / sum(range(1, count + 1))) for w in range(1, count + 1)]
+    return [(s - s % 2, "float16") for s in sizes]
+
+
+def links(alpha_inter: float, gbytes_inter: float, lanes: float = 1.0) -> planner.Links:
+    return planner.Links(intra=cm.Link(alpha=alpha_inter / 3, beta=1 / (4 * gbytes_inter * GB)),
+                         inter=cm.Link(alpha=alpha_inter, beta=1 / (gbytes_inter * GB)),
+                         lanes=lanes)
+
+
+def even_profile(tensors, backward: float) -> planner.StepProfile:
+    """Gradients ready from the last tensor to the first, evenly over the backward pass."""
+    n = len(tensors)
+    return planner.StepProfile(tuple(backward * (n - i) / n for i in range(n)), backward)
+
+
+class PlannerTest(unittest.TestCase):
+    def test_latency_bound_links_get_one_buffer_and_no_chunks(self):
+        # 1 ms a message, 100 GB/s: every extra call costs more than its bytes
+        p = planner.plan(64, 4, resnet_like(), links(1e-3, 100.0), TF_ENGINE)
+        self.assertEqual(len(p.buckets), 1)
+        self.assertEqual([b.chunks for b in p.buckets], [1])
+
+    def test_bandwidth_bound_links_get_chunks_on_the_tf_engine_only(self):
+        # no latency, a slow network: pipelined chunks let rows and columns run at once
+        slow = links(0.0, 0.03)
+        tf_plan = planner.plan(16, 4, resnet_like(), slow, TF_ENGINE)
+        self.assertGreater(max(b.chunks for b in tf_plan.buckets), 1)
+        hvd_plan = planner.plan(16, 4, resnet_like(), slow, HOROVOD_ENGINE)
+        self.assertEqual({b.chunks for b in hvd_plan.buckets}, {1})
+        self.assertLess(tf_plan.seconds, hvd_plan.seconds)
+
+    def test_more_buckets_where_the_backward_pass_hides_them(self):
+        tensors = resnet_like()
+        slow = links(1e-6, 1.0)
+        flat = planner.plan(64, 4, tensors, slow, HOROVOD_ENGINE)
+        overlapped = planner.plan(64, 4, tensors, slow, HOROVOD_ENGINE,
+                                  profile=even_profile(tensors, 0.05))
+        self.assertEqual(len(flat.buckets), 1)
+        self.assertGreater(len(overlapped.buckets), 1)
+        self.assertLess(overlapped.exposed_seconds, flat.exposed_seconds)
+
+    def test_one_host_runs_the_engines_all_reduce_without_chunks(self):
+        p = planner.plan(8, 8, resnet_like(), links(0.0, 0.03), TF_ENGINE)
+        self.assertEqual({(b.algorithm, b.chunks) for b in p.buckets}, {("ring", 1)})
+
+    def test_what_the_caller_fixes_is_kept(self):
+        grid = TorusGrid(size=64, x=8)
+        p = planner.plan(64, 4, resnet_like(), links(0.0, 0.03), TF_ENGINE, grid=grid,
+                         threshold_bytes=4 * MIB, algorithm="torus", chunks=2)
+        self.assertEqual(p.grid, grid)
+        self.assertEqual({(b.algorithm, b.chunks) for b in p.buckets}, {("torus", 2)})
+        self.assertTrue(all(b.nbytes <= 4 * MIB or len(b.indices) == 1 for b in p.buckets))
+        self.assertIn("fixed", p.why)
+
+    def test_the_plan_is_exhaustive_over_its_candidates(self):
+        """Against a brute force of every grid, threshold, algorithm and chunk count."""
+        tensors = resnet_like(8.0, 40)
+        lk = links(20 * US, 1.0, lanes=2)
+        p = planner.plan(16, 4, tensors, lk, TF_ENGINE)
+        costs = planner.ModelCosts(lk.cost_model(4), 4)
+        best = float("inf")
+        for x in (1, 2, 4, 8, 16):
+            g = TorusGrid(size=16, x=x)
+            algos = planner.candidate_algorithms(g, 4)
+            for threshold in planner.THRESHOLDS:
+                cut = threshold if threshold != planner.ONE_BUFFER else 8 * MIB
+                total = 0.0
+                for indices in planner.bucket_indices(tensors, cut):
+                    n = sum(tensors[i][0] for i in indices)
+                    total += min(costs.seconds(a, g, n, k, True) for a in algos
+                                 for k in (planner.CHUNKS if a == "torus" else (1,)))
+                best = min(best, total)
+        self.assertLessEqual(p.seconds, best * (1 + planner.TIE_FRACTION) + 1e-12)
+        self.assertEqual(planner.evaluate(p, costs, TF_ENGINE)[0], p.seconds)
+
+    def test_plan_describes_itself_in_one_line(self):
+        p = planner.plan(64, 4, resnet_like(), links(9.6 * US, 12.5), TF_ENGINE)
+        text = p.describe()
+        self.assertNotIn("\n", text)
+        for word in ("grid", "bucket", "chunk", "links", "ms"):
+            self.assertIn(word, text)
+
+    def test_links_round_trip_through_their_spec(self):
+        lk = links(9.6 * US, 12.5, lanes=2)
+        back = planner.Links.parse(lk.spec())
+        self.assertAlmostEqual(back.inter.alpha, lk.inter.alpha)
+        self.assertAlmostEqual(back.inter.beta, lk.inter.beta)
+        self.assertEqual(back.lanes, 2)
+        gbit = planner.Links.parse("intra=0.1ms@8Gbit/s, inter=2 us @ 500 MB/s")
+        self.assertAlmostEqual(gbit.intra.bandwidth / 1e9, 1.0)
+        self.assertAlmostEqual(gbit.inter.bandwidth / 5e8, 1.0)
+
+    def test_bad_links_say_what_to_write(self):
+        for text in ("inter=1us@1GB/s", "intra=1us,inter=1us@1GB/s", "intra=1us@0GB/s,inter=1us@1GB/s",
+                     "intra=1us@1GB/s,inter=1us@1GB/s,lanes=0.5", "intra=1@1,inter=1us@1GB/s"):
+            with self.assertRaises(planner.PlanError, msg=text) as ctx:
+                planner.Links.parse(text)
+            self.assertIn("TFTORUS_LINKS" if "lanes" not in text else "lanes", str(ctx.exception))
+
+
+class ProbeFitTest(unittest.TestCase):
+    def _timings(self, k_host, k_cols, intra, alone, crowded):
+        out = []
+        for level, k, (a, bw) in (("intra", k_host, intra), ("inter-alone", k_cols, alone),
+                                  ("inter-all", k_cols, crowded)):
+            for n in (link_probe.SMALL_BYTES, link_probe.LARGE_BYTES):
+                out.append(link_probe.Timing(level, k, n,
+                                             2 * (k - 1) * a + 2 * (k - 1) / k * n / bw))
+        return out
+
+    def test_fit_recovers_the_links_and_the_lanes(self):
+        # hosts of 4, 8 hosts; one NIC per host: four ranks crossing share it
+        lk = link_probe.fit(self._timings(4, 8, (3e-6, 50e9), (10e-6, 12e9), (10e-6, 3e9)), 4)
+        self.assertAlmostEqual(lk.intra.alpha, 3e-6, delta=1e-9)
+        self.assertAlmostEqual(lk.inter.bandwidth / 12e9, 1.0, places=6)
+        self.assertAlmostEqual(lk.lanes, 1.0, places=6)
+        rails = link_probe.fit(self._timings(4, 8, (3e-6, 50e9), (10e-6, 12e9), (10e-6, 12e9)), 4)
+        self.assertAlmostEqual(rails.lanes, 4.0, places=6)
+
+    def test_a_level_at_one_size_is_refused(self):
+        t = [link_probe.Timing("intra", 4, 1024, 1e-3)]
+        with self.assertRaises(planner.PlanError):
+            link_probe.fit(t, 4)
+
+
+class ProbeJobTest(unittest.TestCase):
+    def test_tf_engine_two_hosts_probe_plan_and_sum(self):
+        """Four ranks as two hosts of two (127.0.0.1, 127.0.0.2): init() probes, every rank
+        plans alike, the planned all-reduce equals NumPy's sum."""
+        ports = harness.free_ports(4)
+        workers = [f"127.0.0.{1 + i // 2}:{p}" for i, p in enumerate(ports)]
+        result = harness.run_ranks(
+            [harness.worker("planner_check.py")], 4,
+            lambda i: {"TF_CONFIG": json.dumps({"cluster": {"worker": workers},
+                                                "task": {"type": "worker", "index": i}}),
+                       "TFTORUS_ENGINE": "tf"}, timeout=240)
+        self.assertEqual(result.returncode, 0, harness.describe(result))
+        self.assertEqual(result.output.count("planner: 11 checks, 0 failed"), 4,
+                         harness.describe(result))
+        self.assertIn("plan tftorus: grid", result.output)
+
+    @unittest.skipUnless(harness.HOROVOD, "Horovod's engine: the classic stack")
+    def test_horovod_engine_two_hosts_probe_plan_and_sum(self):
+        """The same on Horovod's engine: horovodrun counts localhost and 127.0.0.1 as two hosts
+        (HOROVOD_LOCAL_SIZE 2), both run here."""
+        harness.refuse_in_quick_tier()
+        runner = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+        proc = subprocess.run(
+            [runner, "--gloo", "-np", "4", "-H", "localhost:2,127.0.0.1:2", sys.executable,
+             harness.worker("planner_check.py")], cwd=harness.ROOT, env=harness._env(),
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=240)
+        self.assertEqual(proc.returncode, 0, proc.stdout[-4000:])
+        self.assertEqual(proc.stdout.count("planner: 11 checks, 0 failed"), 4,
+                         proc.stdout[-4000:])
+        self.assertIn("plan tftorus: grid", proc.stdout)
+
+if __name__ == "__main__":
+    unittest.main()
