@@ -34,6 +34,9 @@ collective runtime (tftorus.init(engine='tf', with_horovod=True)) and time:
            tftorus chooses (across hosts, from 2 MiB)
   torus-tf-nochunks   torus-tf without the chunk pipeline
   torus-tf-chunks<K>  torus-tf with each fused buffer forced into K chunks (--chunks)
+  planned, planned-tf  tftorus' default on each engine: algorithm 'auto', buckets, chunks and
+           algorithm per bucket from the planner (tftorus/planner.py) and the links init()
+           measured (jobs of two hosts or more), not --fusion-threshold-mb
   mwms     tf.distribute.MultiWorkerMirroredStrategy's own all-reduce path (its
            CollectiveReplicaLauncher, RING, one pack, a fresh instance key per call)
 
@@ -252,8 +255,11 @@ def variant_fns(setup: Setup, workload: Workload, chunks: int) -> Dict[str, Call
             return hvd.grouped_allreduce(ts, op=hvd.Sum, compression=hvd_comp)
         return [hvd.allreduce(ts[0], op=hvd.Sum, compression=hvd_comp)]
 
-    def tftorus_fn(algorithm, comm, pipeline_chunks=None):
+    def tftorus_fn(algorithm, comm, pipeline_chunks=None, planned=False):
         def fn(ts):
+            if planned:  # what a user's optimizer does with no knob set
+                return tftorus.fused_allreduce(ts, "sum", algorithm="auto",
+                                               compression=torus_comp, comm=comm)
             return tftorus.fused_allreduce(
                 ts, "sum", algorithm=algorithm, compression=torus_comp, comm=comm,
                 torus_grid=setup.grid, fusion_threshold_bytes=setup.fusion_bytes,
@@ -267,6 +273,7 @@ def variant_fns(setup: Setup, workload: Workload, chunks: int) -> Dict[str, Call
         "torus-native": graph(tftorus_fn("torus", setup.native)),
         "ring": graph(tftorus_fn("ring", setup.comm)),
         "hierarchical": graph(tftorus_fn("hierarchical", setup.comm)),
+        "planned": graph(tftorus_fn("auto", setup.comm, planned=True)),
     }
     if setup.tf_comm is not None:
         fns["torus-tf"] = graph(tftorus_fn("torus", setup.tf_comm))
@@ -274,6 +281,7 @@ def variant_fns(setup: Setup, workload: Workload, chunks: int) -> Dict[str, Call
         fns[f"torus-tf-chunks{chunks}"] = graph(tftorus_fn("torus", setup.tf_comm, chunks))
         fns["ring-tf"] = graph(tftorus_fn("ring", setup.tf_comm))
         fns["hierarchical-tf"] = graph(tftorus_fn("hierarchical", setup.tf_comm))
+        fns["planned-tf"] = graph(tftorus_fn("auto", setup.tf_comm, planned=True))
         if workload.compression == "none":  # MWMS sends what it is given: FP32 here
             fns["mwms"] = graph(mwms_allreduce_fn(setup.tf_comm))
     return fns
@@ -484,7 +492,10 @@ def bench_workload(setup: Setup, workload: Workload, args) -> List[Row]:
 
 
 def worker(args) -> None:
+    import logging
     import horovod.tensorflow as hvd
+    logging.basicConfig(format="%(message)s")  # tftorus' plan and links, from rank 0 only
+    logging.getLogger("tftorus").setLevel(logging.INFO)
     setup = start_tftorus(args.grid, int(args.fusion_threshold_mb * (1 << 20)), args.engines)
     env = {k: os.environ.get(k, "") for k in ("HOROVOD_CYCLE_TIME", "HOROVOD_FUSION_THRESHOLD")}
     meta = {"np": hvd.size(), "grid": str(setup.grid), "repeats": args.repeats,

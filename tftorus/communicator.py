@@ -25,6 +25,10 @@ class Communicator(abc.ABC):
     #: Whether collectives of different groups (a row's and a column's) can be in flight at the
     #: same time in one process: what the torus' chunk pipeline needs to overlap its phases.
     concurrent_groups = False
+    #: The largest fused buffer worth planning (None: no limit): where an engine's collectives
+    #: cost more than linearly above some size, which the link probe's small messages cannot
+    #: see, the planner (tftorus/planner.py) keeps its buckets below it.
+    max_bucket_bytes = None
 
     @property
     @abc.abstractmethod

@@ -352,6 +352,7 @@ PROBE_ENV = "TFTORUS_PROBE"
 
 
 def _engine_caps(engine: str) -> "planner.Engine":
+    """What the planner needs of an engine before its communicator exists (the grid)."""
     return planner.Engine(concurrent_groups=engine == "tf")
 
 

@@ -162,6 +162,11 @@ class Topology:
     nics_per_host: int = 1
     nics_per_rank: Optional[int] = None
     placement: str = "contiguous"
+    # 'pool': a host's NICs serve whichever of its ranks cross (NCCL spreading channels);
+    # 'blocks': local rank l sends through NIC l * nics_per_host // ranks_per_host only, as on
+    # ABCI's and DGX nodes (GPUs 0-1 on the first HCA...): two crossing ranks of one block share
+    # its NIC even where the host has another one idle (the planner's, tftorus/planner.py)
+    nic_assignment: str = "pool"
 
     def __post_init__(self):
         for name in ("ranks_per_host", "nics_per_host"):
@@ -173,6 +178,9 @@ class Topology:
                 isinstance(per_rank, int) and 1 <= per_rank <= self.nics_per_host):
             raise ValueError(f"Topology.nics_per_rank must be None or 1..nics_per_host "
                              f"({self.nics_per_host}), got {self.nics_per_rank!r}")
+        if self.nic_assignment not in ("pool", "blocks"):
+            raise ValueError(f"Topology.nic_assignment must be 'pool' or 'blocks', "
+                             f"got {self.nic_assignment!r}")
         if self.placement not in ("contiguous", "round-robin"):
             raise ValueError(f"Topology.placement must be 'contiguous' or 'round-robin', "
                              f"got {self.placement!r}")
@@ -190,9 +198,18 @@ class Topology:
             return ranks // self.ranks_per_host
         return ranks % self.hosts(size)
 
+    def nic_of(self, ranks: np.ndarray, size: int) -> np.ndarray:
+        """The NIC (of its host) each rank sends through, with 'blocks' assignment."""
+        local = (ranks % self.ranks_per_host if self.placement == "contiguous"
+                 else ranks // self.hosts(size))
+        return local * self.nics_per_host // self.ranks_per_host
+
     def nic_factor(self, senders: int) -> float:
-        """beta_eff / inter.beta when `senders` ranks of one host cross hosts at once."""
+        """beta_eff / inter.beta when `senders` ranks of one host (with 'blocks': of one NIC)
+        cross hosts at once."""
         per_rank = self.nics_per_rank or self.nics_per_host
+        if self.nic_assignment == "blocks":
+            return max(float(senders), 1.0 / per_rank)
         return max(senders / self.nics_per_host, 1.0 / per_rank)
 
 
@@ -257,10 +274,14 @@ def _crossing(groups: np.ndarray, offset: int, topo: Topology, size: int) -> int
     """Most ranks of one host sending (or receiving) across hosts when every member sends to
     the member `offset` places on in its group; 0 if no message leaves a host."""
     src = topo.host_of(groups, size)
-    dst = topo.host_of(np.roll(groups, -offset, axis=1), size)
+    peers = np.roll(groups, -offset, axis=1)
+    dst = topo.host_of(peers, size)
     off = src != dst
     if not off.any():
         return 0
+    if topo.nic_assignment == "blocks":  # count per NIC: host * nics + the rank's NIC
+        src = src * topo.nics_per_host + topo.nic_of(groups, size)
+        dst = dst * topo.nics_per_host + topo.nic_of(peers, size)
     return int(max(np.bincount(src[off]).max(), np.bincount(dst[off]).max()))
 
 

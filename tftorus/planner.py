@@ -90,7 +90,7 @@ class Links:
         return cm.CostModel(cm.Params(self.intra, self.inter, gamma=self.gamma,
                                       per_op=self.per_op),
                             cm.Topology(ranks_per_host=local_size, nics_per_host=lanes,
-                                        nics_per_rank=1))
+                                        nics_per_rank=1, nic_assignment="blocks"))
 
     def describe(self) -> str:
         def one(link: cm.Link) -> str:
@@ -212,6 +212,7 @@ class Engine:
 
     concurrent_groups: bool
     chunks_allowed: bool = True
+    max_bucket_bytes: Optional[int] = None  # Communicator.max_bucket_bytes
 
 
 # ==================================================================================================
@@ -243,14 +244,15 @@ class ModelCosts:
                                 for z, o in zip(zero, one)]
         return self._lines[key]
 
+    def phase_seconds(self, algorithm: str, grid: TorusGrid, nbytes: float) -> List[float]:
+        """Each phase's seconds for one buffer of `nbytes` (the torus: reduce-scatter, column,
+        all-gather; fewer where the grid has no row or no column)."""
+        return [a + b * nbytes for a, b in self._phase_lines(algorithm, grid)]
+
     def seconds(self, algorithm: str, grid: TorusGrid, nbytes: float, chunks: int,
                 concurrent: bool) -> float:
-        phases = [a + b * nbytes / chunks for a, b in self._phase_lines(algorithm, grid)]
-        if chunks == 1:
-            return sum(phases)
-        if algorithm != "torus" or len(phases) != 3 or not concurrent:
-            return chunks * sum(phases)
-        return pipelined(phases, chunks)
+        """One bucket alone (its chunks pipelined where the engine runs groups at once)."""
+        return timeline(self, grid, [(algorithm, nbytes, chunks, 0.0)], concurrent)
 
 
 def pipelined(phases: Sequence[float], chunks: int) -> float:
@@ -263,14 +265,34 @@ def pipelined(phases: Sequence[float], chunks: int) -> float:
     return rs + middle + ag
 
 
-def exposed(bucket_seconds: Sequence[float], ready: Sequence[float],
-            backward_seconds: float) -> float:
-    """Communication past the backward pass' end when bucket i, ready at ready[i], runs once the
-    bucket before it is done (the engines run buckets' collectives in ready order)."""
-    end = 0.0
-    for t, r in zip(bucket_seconds, ready):
-        end = max(end, r) + t
-    return max(0.0, end - backward_seconds)
+def timeline(costs, grid: TorusGrid, buckets: Sequence[Tuple[str, float, int, float]],
+             concurrent: bool) -> float:
+    """When the last of `buckets` ((algorithm, bytes, chunks, ready seconds), in the order the
+    step issues them) is summed.
+
+    Horovod's engine (not concurrent) runs one collective at a time, in order. The tf engine
+    orders collectives per group (a token each) and runs different groups' at once: a torus
+    chunk's row reduce-scatter, column all-reduce and row all-gather go to two queues (the row's
+    and the column's), so the column of one chunk runs beside the row phases of the next, in
+    this bucket or the next one (the issue order of algorithms.torus_allreduce: RS(i), AR(i-1),
+    AG(i-2)). A ring or hierarchical bucket holds both queues while it runs (it shares the links)."""
+    row = col = 0.0  # when each queue is free
+    for algorithm, nbytes, chunks, ready in buckets:
+        phases = costs.phase_seconds(algorithm, grid, nbytes / chunks)
+        if not concurrent or algorithm != "torus" or len(phases) != 3:
+            start = max(row, col, ready)
+            row = col = start + chunks * sum(phases)
+            continue
+        rs, ar, ag = phases
+        rs_end, ar_end = [0.0] * chunks, [0.0] * chunks
+        for step in range(chunks + 2):
+            if step < chunks:
+                row = rs_end[step] = max(row, ready) + rs
+            if 0 <= step - 1 < chunks:
+                col = ar_end[step - 1] = max(col, rs_end[step - 1]) + ar
+            if 0 <= step - 2 < chunks:
+                row = max(row, ar_end[step - 2]) + ag
+    return max(row, col)
 
 
 # ==================================================================================================
@@ -319,41 +341,46 @@ def plan(size: int, local_size: int, tensor_bytes: Sequence[Tuple[int, object]],
         grid_choices = [grid]
     else:
         grid_choices = list(grids) if grids else [TorusGrid(size=size, x=x) for x in divisors(size)]
-    thresholds = [threshold_bytes] if threshold_bytes is not None else list(THRESHOLDS)
     total = sum(b for b, _ in tensor_bytes)
+    thresholds = [threshold_bytes] if threshold_bytes is not None else [
+        t for t in THRESHOLDS if engine.max_bucket_bytes is None
+        or (t if t != ONE_BUFFER else total) <= engine.max_bucket_bytes]
+    concurrent = engine.concurrent_groups
     best: Optional[Plan] = None
     best_key = None
     for g in grid_choices:
         algos = (algorithm,) if algorithm else candidate_algorithms(g, local_size)
-        chunk_choices = _chunk_choices(g, local_size, engine, chunks)
         for threshold in thresholds:
             cut = threshold if threshold != ONE_BUFFER else max(1, total)
-            buckets = []
-            for indices in bucket_indices(tensor_bytes, cut):
-                nbytes = sum(tensor_bytes[i][0] for i in indices)
-                options = [(costs.seconds(a, g, nbytes, k if a == "torus" else 1,
-                                          engine.concurrent_groups), a, k if a == "torus" else 1)
-                           for a in algos for k in (chunk_choices if a == "torus" else (1,))]
-                t_best = min(t for t, _, _ in options)
-                # the simplest option within the tie band: the torus first, then fewer chunks
-                t, a, k = min((o for o in options if o[0] <= t_best * (1 + TIE_FRACTION)),
-                              key=lambda o: (ALGORITHMS.index(o[1]), o[2]))
-                buckets.append(BucketPlan(tuple(indices), nbytes, a, k, t))
-            seconds = sum(b.seconds for b in buckets)
-            if profile is not None:
-                ready = [max(profile.ready[i] for i in b.indices) for b in buckets]
-                order = sorted(range(len(buckets)), key=lambda j: ready[j])
-                cost = exposed([buckets[j].seconds for j in order], [ready[j] for j in order],
-                               profile.backward_seconds)
-            else:
-                cost = seconds
-            candidate = Plan(g, threshold, tuple(buckets), seconds, cost, links)
-            # simpler wins a tie: fewer buckets, then the grid plan_grid would pick
-            key = (cost, len(buckets), g != plan_grid(size, local_size))
-            if best is None or _better(key, best_key):
-                best, best_key = candidate, key
+            cut_indices = bucket_indices(tensor_bytes, cut)
+            sizes = [sum(tensor_bytes[i][0] for i in indices) for indices in cut_indices]
+            ready = [max(profile.ready[i] for i in indices) if profile else 0.0
+                     for indices in cut_indices]
+            for k in _chunk_choices(g, local_size, engine, chunks):
+                buckets = []
+                for indices, nbytes in zip(cut_indices, sizes):
+                    # per bucket the fastest algorithm alone; within the tie band the torus
+                    options = [(costs.seconds(a, g, nbytes, k if a == "torus" else 1,
+                                              concurrent), a) for a in algos]
+                    t_best = min(t for t, _ in options)
+                    t, a = min((o for o in options if o[0] <= t_best * (1 + TIE_FRACTION)),
+                               key=lambda o: ALGORITHMS.index(o[1]))
+                    buckets.append(BucketPlan(tuple(indices), nbytes, a,
+                                              k if a == "torus" else 1, t))
+                candidate = _costed(Plan(g, threshold, tuple(buckets), 0.0, 0.0, links),
+                                    costs, engine, profile)
+                # simpler wins a tie: fewer buckets, fewer chunks, the grid plan_grid picks
+                key = (candidate.exposed_seconds, len(buckets), k,
+                       g != plan_grid(size, local_size))
+                if best is None or _better(key, best_key):
+                    best, best_key = candidate, key
     return dataclasses.replace(best, why=_why(best, grid, threshold_bytes, algorithm, chunks,
                                               profile))
+
+
+def _costed(p: Plan, costs, engine: Engine, profile: Optional[StepProfile]) -> Plan:
+    seconds, hidden_not = evaluate(p, costs, engine, profile)
+    return dataclasses.replace(p, seconds=seconds, exposed_seconds=hidden_not)
 
 
 def _better(key, best_key) -> bool:
@@ -387,13 +414,16 @@ def _why(p: Plan, grid, threshold, algorithm, chunks, profile) -> str:
 
 def evaluate(p: Plan, costs, engine: Engine, profile: Optional[StepProfile] = None
              ) -> Tuple[float, float]:
-    """(all-reduce seconds, exposed seconds) of plan `p` under other `costs` (the studies judge
-    the planner's choice, made on its cost model, by a simulator's costs)."""
-    seconds = [costs.seconds(b.algorithm, p.grid, b.nbytes, b.chunks, engine.concurrent_groups)
-               for b in p.buckets]
+    """(all-reduce seconds, exposed seconds) of plan `p` under `costs` (the studies judge the
+    planner's choice, made on its cost model, by a simulator's costs): the timeline of its
+    buckets all ready at once, and with the profile's ready times less the backward pass (the
+    same as the first without a profile)."""
+    def run(ready):
+        return timeline(costs, p.grid, [(b.algorithm, b.nbytes, b.chunks, r)
+                                        for b, r in zip(p.buckets, ready)],
+                        engine.concurrent_groups)
+    alone = run([0.0] * len(p.buckets))
     if profile is None:
-        return sum(seconds), sum(seconds)
+        return alone, alone
     ready = [max(profile.ready[i] for i in b.indices) for b in p.buckets]
-    order = sorted(range(len(seconds)), key=lambda j: ready[j])
-    return sum(seconds), exposed([seconds[j] for j in order], [ready[j] for j in order],
-                                 profile.backward_seconds)
+    return alone, max(0.0, run(ready) - profile.backward_seconds)

@@ -214,7 +214,7 @@ def _plan(options: TorusOptions, comm: Communicator, grid: TorusGrid, wire):
     dtypes = {t.dtype for t in wire}
     engine = planner.Engine(concurrent_groups=comm.concurrent_groups, chunks_allowed=all(
         not algorithms._ring_order_shows(grid, d) or algorithms.ordered_column(grid, comm, d)
-        for d in dtypes))
+        for d in dtypes), max_bucket_bytes=comm.max_bucket_bytes)
     algorithm = None if options.algorithm == algorithms.AUTO else options.algorithm
     key = (links, comm.size, comm.local_size, grid, engine, algorithm, threshold,
            options.pipeline_chunks, tuple(sizes))
