@@ -119,20 +119,20 @@ def DistributedOptimizer(optimizer, *args, **kwargs):
     average_aggregated_gradients, num_groups, groups, process_set, scale_local_gradients), plus
     the torus options (`torus_options=TorusOptions(...)`, or its fields by name):
 
-      algorithm: 'auto' (default: per fused buffer, the engine's own all-reduce on one host and
-        for buffers under 256 KiB, else the torus; tftorus.algorithms.choose), 'torus' (the
+      algorithm: 'auto' (default: per fused buffer, by the planner from the links measured at
+        init, tftorus/planner.py; on one host the engine's own all-reduce), 'torus' (the
         paper's), 'ring' (flat) or 'hierarchical' (per node, then across).
       grid: None for the grid given to tftorus.init(), or 'YxX' / (Y, X) / row length / 'paper'.
-      fusion_threshold_bytes: largest fused buffer (default 16 MiB); buckets fill in the order
-        the backward pass makes gradients, so the first goes out while it still runs; 0: no
-        fusion.
+      fusion_threshold_bytes: largest fused buffer (default None: planned; 16 MiB on one host);
+        buckets fill in the order the backward pass makes gradients, so the first goes out
+        while it still runs; 0: no fusion.
       check_consistency: compare tensor shapes across ranks each step (one 48-byte all-reduce),
         so a rank with different gradients raises instead of hanging.
       engine: 'horovod' (process sets) or 'tf' (TensorFlow's collective ops); None: the engine
         tftorus.init() started.
       pipeline_chunks: chunks per fused buffer, so one chunk's row phase overlaps another's
-        column phase; None: chosen by buffer size and engine (off on one host and on Horovod,
-        which runs its collectives one at a time); 1: off.
+        column phase; None: planned (off on one host and on Horovod, which runs its
+        collectives one at a time); 1: off.
     """
     check_optimizer(optimizer)
     wrapped = over_the_torus(hvd_keras.DistributedOptimizer, optimizer, args, kwargs)
