@@ -1,6 +1,6 @@
 """The planner (tftorus/planner.py) judged by the simulator (studies/simulated_cluster.py).
 
-    python -m studies.planner_sweep             # ABCI and a rail-optimized H100 cluster, ~4 min
+    python -m studies.planner_sweep             # ABCI and a rail-optimized H100 cluster, ~2 min
     python -m studies.planner_sweep --quick     # 64 and 256 GPUs, FP16, compact only
 
 For ResNet-50's gradients (FP16 and FP32 wires, the optimizer's order), on ABCI
@@ -23,6 +23,24 @@ and the Horovod engine (one after the other, no chunks), each row compares:
   paper    the paper's one fused buffer, torus on Table 4's grid (PAPER_GRIDS, else plan_grid),
            no chunks.
 
+The training step (second table): step = forward + backward (COMPUTE_SECONDS, 48.2 ms: 32
+images per V100 at every size, as Table 6; studies.cost_calibration.StepModel) + the
+communication exposed after the backward pass (planner.evaluate with a StepProfile), on the
+simulator's costs. ResNet-50's gradients are ready as studies/step_profile.py's FLOP model says
+(a model, not a measurement; optimistic: see its docstring). Per row:
+
+  best step          planner.plan on SimulatedCosts with the profile: the exhaustive best step
+  planner default    the runtime's plan (the "planner" column: made without a profile),
+                     its step with the profile
+  planner + profile  planner.plan on the probe's links and ModelCosts with the profile
+  paper              the one buffer: ready when the backward pass ends, nothing hidden
+  eff                compute / step
+
+Then Table 6 with and without overlap: ABCI, compact, FP16 at the paper's sizes on its Table 4
+grids, images/s = N x 32 / step and the paper's efficiency (against 2,565 img/s x N / 4);
+without overlap every bucket is ready at the end of the backward pass, with it at the
+profile's times.
+
 SimulatedCosts: each phase of each (algorithm, grid) is simulated at LOW_BYTES and HIGH_BYTES
 of the whole buffer and taken as affine in bytes between them (a fixed flow pattern under
 SimGrid's max-min sharing: latency + bytes / share); the claim is checked against direct
@@ -44,7 +62,9 @@ import time
 from types import SimpleNamespace
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from studies import cost_calibration as calib
 from studies import simulated_cluster as sc
+from studies import step_profile
 from tftorus import cost_model as cm
 from tftorus import link_probe, planner
 from tftorus.fusion import bucket_indices
@@ -64,6 +84,12 @@ ENGINES = {"tf": planner.Engine(concurrent_groups=True),
 FIXED_THRESHOLD = 16 * MIB
 WITHIN = 0.03
 CLUSTERS = ("abci", "rails")
+#: Compute per step (forward + backward, s): 32 images per V100 at every size, as in Table 6
+#: (studies.cost_calibration.StepModel).
+COMPUTE_SECONDS = step_profile.COMPUTE_SECONDS
+#: The "Table 6 with and without overlap" worlds: ABCI, compact, FP16, the paper's sizes.
+TABLE6_WORLD = ("abci", "compact", "fp16")
+TABLE6_SIZES = tuple(sorted(calib.PAPER_TABLE6_EFFICIENCY))
 
 
 def cluster_spec(name: str) -> sc.ClusterSpec:
@@ -314,18 +340,45 @@ class Row:
     fixed: Outcome
     paper: Outcome
     links: str = ""
+    step: Optional["StepRow"] = None
+    table6: Optional["Table6Row"] = None
 
     @property
     def miss(self) -> float:
         return self.planner.seconds / self.best.seconds - 1
 
 
+@dataclasses.dataclass
+class StepRow:
+    """One row's training step (s): compute + the communication exposed after the backward
+    pass (planner.evaluate with the profile, on the simulator's costs)."""
+    compute: float
+    best: Outcome  # planner.plan on simulated costs with the profile: the exhaustive best step
+    default: Outcome  # the runtime's plan (made without a profile)
+    profiled: Outcome  # planner.plan on the probe's links with the profile
+    paper: Outcome  # one buffer, ready at the end of the backward pass
+
+    def miss(self, variant: str) -> float:
+        return getattr(self, variant).seconds / self.best.seconds - 1
+
+
+@dataclasses.dataclass
+class Table6Row:
+    """Step seconds on the paper's Table 4 grid, per variant: (without overlap: every bucket
+    ready at the end of the backward pass, with overlap: the profile)."""
+    grid: str
+    steps: Dict[str, Tuple[float, float]]
+
+
 def sweep_worlds(platform: sc.Platform, clusters: Sequence[str], sizes: Sequence[int],
                  placements: Sequence[str], tensors: Dict[str, list],
                  engines: Sequence[str] = tuple(ENGINES), seed: int = 0,
-                 check: bool = True) -> Tuple[List[Row], List[tuple], dict]:
+                 check: bool = True, profile: Optional[planner.StepProfile] = None
+                 ) -> Tuple[List[Row], List[tuple], dict]:
     """Rows of the comparison, the interpolation checks (cluster, how, size, algorithm, grid,
-    bytes, interpolated, simulated), and counts."""
+    bytes, interpolated, simulated), and counts. With `profile` (the backward pass's gradient
+    readiness, planner.StepProfile) every row has its training step too (Row.step), and the
+    TABLE6_WORLD rows at TABLE6_SIZES the paper's grid with and without overlap (Row.table6)."""
     batch = Batch(platform)
     worlds = []
     for cluster in clusters:
@@ -363,22 +416,75 @@ def sweep_worlds(platform: sc.Platform, clusters: Sequence[str], sizes: Sequence
                                     grids=grids, costs=costs)
                 mine = planner.plan(world.size, world.local_size, ts, links, engine)
                 mine_s, _ = planner.evaluate(mine, costs, engine)
-                rows.append(Row(world.cluster, world.how, world.size, wire, ename,
-                                Outcome(best.seconds, describe(best)),
-                                Outcome(mine_s, describe(mine)),
-                                fixed_rules(costs, ts, wire, engine),
-                                paper_torus(costs, ts, engine), links.spec()))
+                row = Row(world.cluster, world.how, world.size, wire, ename,
+                          Outcome(best.seconds, describe(best)), Outcome(mine_s, describe(mine)),
+                          fixed_rules(costs, ts, wire, engine), paper_torus(costs, ts, engine),
+                          links.spec())
+                if profile is not None:
+                    row.step = training_step(world, costs, ts, links, engine, grids, mine,
+                                             row.paper, profile)
+                    if ((world.cluster, world.how, wire) == TABLE6_WORLD
+                            and world.size in TABLE6_SIZES):
+                        row.table6 = table6_row(world, costs, ts, links, engine, profile)
+                rows.append(row)
     return rows, checked, {"steps simulated": batch.simulated}
 
 
-def run_clusters(clusters: Sequence[str], sizes, placements, tensors, engines, seed) -> tuple:
+def training_step(world: World, costs: SimulatedCosts, ts, links: planner.Links,
+                  engine: planner.Engine, grids, default: planner.Plan, paper: Outcome,
+                  profile: planner.StepProfile) -> StepRow:
+    """The step of each variant: compute + exposed communication on the simulator's costs."""
+    compute = COMPUTE_SECONDS
+    best = planner.plan(world.size, world.local_size, ts, links, engine, grids=grids,
+                        costs=costs, profile=profile)
+    profiled = planner.plan(world.size, world.local_size, ts, links, engine, profile=profile)
+
+    def step(p: planner.Plan) -> Outcome:
+        return Outcome(compute + planner.evaluate(p, costs, engine, profile)[1], describe(p))
+
+    return StepRow(compute, Outcome(compute + best.exposed_seconds, describe(best)),
+                   step(default), step(profiled),
+                   Outcome(compute + paper.seconds, paper.what))
+
+
+def table6_row(world: World, costs: SimulatedCosts, ts, links: planner.Links,
+               engine: planner.Engine, profile: planner.StepProfile) -> Table6Row:
+    """On the paper's grid: the one buffer, the runtime's plan (no profile), the planner with
+    the profile, and the exhaustive best (of the all-reduce without overlap, of the exposed
+    time with it); without overlap every bucket is ready when the backward pass ends."""
+    grid = paper_grid(world.size, world.local_size)
+    compute = COMPUTE_SECONDS
+
+    def both(p: planner.Plan) -> Tuple[float, float]:
+        alone, exposed = planner.evaluate(p, costs, engine, profile)
+        return compute + alone, compute + exposed
+
+    common = {"grid": grid}
+    one = planner.plan(world.size, world.local_size, ts, links, engine, grid=grid,
+                       threshold_bytes=planner.ONE_BUFFER, algorithm="torus", chunks=1)
+    default = planner.plan(world.size, world.local_size, ts, links, engine, **common)
+    profiled = planner.plan(world.size, world.local_size, ts, links, engine, profile=profile,
+                            **common)
+    best_ar = planner.plan(world.size, world.local_size, ts, links, engine, costs=costs, **common)
+    best_step = planner.plan(world.size, world.local_size, ts, links, engine, costs=costs,
+                             profile=profile, **common)
+    return Table6Row(str(grid), {
+        "paper one buffer": both(one),
+        "planner default": both(default),
+        "planner + profile": both(profiled),
+        "best": (both(best_ar)[0], both(best_step)[1]),
+    })
+
+
+def run_clusters(clusters: Sequence[str], sizes, placements, tensors, engines, seed,
+                 profile: Optional[planner.StepProfile] = None) -> tuple:
     """These clusters in one platform (SimGrid allows one engine per process: a worker process
     runs one cluster, or this process runs them all)."""
     start = time.perf_counter()
     platform = sc.RailsPlatform([cluster_spec(c) for c in clusters])
     built = time.perf_counter() - start
     rows, checked, counts = sweep_worlds(platform, clusters, sizes, placements, tensors,
-                                         engines, seed)
+                                         engines, seed, profile=profile)
     counts.update({"platform s": built, "total s": time.perf_counter() - start})
     return rows, checked, counts
 
@@ -414,6 +520,88 @@ def print_summary(rows: Sequence[Row]) -> None:
     paper_worse = [r.paper.seconds / r.best.seconds - 1 for r in rows]
     print(f"\nAgainst the best: fixed rules {min(fixed_worse):+.0%} to {max(fixed_worse):+.0%}, "
           f"one-buffer paper torus {min(paper_worse):+.0%} to {max(paper_worse):+.0%}.\n")
+
+
+STEP_VARIANTS = {"default": "planner default (no profile)", "profiled": "planner + profile"}
+
+
+def print_steps(rows: Sequence[Row]) -> None:
+    print("| cluster | placement | GPUs | wire | engine | best step ms (its plan) | eff % | "
+          "planner default ms (vs best) | planner + profile ms (its plan; vs best) | "
+          "paper one buffer ms | paper eff % |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        s = r.step
+        if s is None:
+            continue
+
+        def vs(variant):
+            miss = s.miss(variant)
+            return f"{miss:+.1%}" + (" **" if miss > WITHIN else "")
+
+        print(f"| {r.cluster} | {r.how} | {r.size} | {r.wire} | {r.engine} | "
+              f"{ms(s.best.seconds)} ({s.best.what}) | {100 * s.compute / s.best.seconds:.1f} | "
+              f"{ms(s.default.seconds)} ({vs('default')}) | {ms(s.profiled.seconds)} "
+              f"({s.profiled.what}; {vs('profiled')}) | {ms(s.paper.seconds)} | "
+              f"{100 * s.compute / s.paper.seconds:.1f} |")
+    print()
+
+
+def print_step_summary(rows: Sequence[Row]) -> Dict[str, int]:
+    """The step against the best step and the paper's one buffer; returns the counts of rows
+    slower than the one buffer per variant (must be 0)."""
+    stepped = [r for r in rows if r.step is not None]
+    slower = {}
+    for variant, name in STEP_VARIANTS.items():
+        misses = sorted(stepped, key=lambda r: -r.step.miss(variant))
+        within = sum(r.step.miss(variant) <= WITHIN for r in stepped)
+        worse = [r for r in stepped if getattr(r.step, variant).seconds
+                 > r.step.paper.seconds * (1 + 1e-9)]
+        slower[variant] = len(worse)
+        print(f"**{name}: {within} of {len(stepped)} rows' steps within {WITHIN:.0%} of the "
+              f"best step**; worst: " + "; ".join(
+                  f"{r.cluster} {r.how} {r.size} {r.wire} {r.engine} {r.step.miss(variant):+.1%}"
+                  for r in misses[:3]) + f". Slower than the one-buffer paper step: {len(worse)}"
+              + (" (" + "; ".join(
+                  f"{r.cluster} {r.how} {r.size} {r.wire} {r.engine} by "
+                  f"{getattr(r.step, variant).seconds / r.step.paper.seconds - 1:+.2%}"
+                  for r in worse) + ")" if worse else "") + ".\n")
+    gains = [r.step.paper.seconds / r.step.best.seconds - 1 for r in stepped]
+    if gains:
+        print(f"The one-buffer paper step against the best step: {min(gains):+.1%} to "
+              f"{max(gains):+.1%}.\n")
+    return slower
+
+
+def print_table6(rows: Sequence[Row]) -> None:
+    t6 = [r for r in rows if r.table6 is not None]
+    if not t6:
+        return
+    base = calib.PAPER_TABLE6[4] / 4  # images/s per GPU at Table 6's 4-GPU point
+    variants = list(t6[0].table6.steps)
+    print(f"## Table 6 with and without overlap ({' '.join(TABLE6_WORLD)}, the paper's Table 4 "
+          f"grids)\n")
+    print(f"Images/s = N x {calib.PAPER_BATCH_PER_GPU} / step, efficiency = images/s / "
+          f"({calib.PAPER_TABLE6[4]:,} x N / 4) (Table 6's 4-GPU point). Without overlap every "
+          "bucket is ready when the backward pass ends; with overlap at the profile's times "
+          "(studies/step_profile.py). Cells: images/s (efficiency %), without / with overlap (one "
+          "value where they are equal). The compute, 48.2 ms, is Table 6's 4-GPU step (49.90 ms) "
+          "less its own all-reduce, so a step that hides all of it reaches "
+          f"{100 * calib.PAPER_BATCH_PER_GPU / (base * COMPUTE_SECONDS):.1f} %.\n")
+    print("| GPUs | grid | engine | paper Table 6 | " + " | ".join(variants) + " |")
+    print("|---|---|---|---|" + "---|" * len(variants))
+
+    def cell(n, step):
+        ips = n * calib.PAPER_BATCH_PER_GPU / step
+        return f"{ips:,.0f} ({100 * ips / (base * n):.1f})"
+
+    for r in t6:
+        n = r.size
+        paper = f"{calib.PAPER_TABLE6[n]:,} ({calib.PAPER_TABLE6_EFFICIENCY[n]:.2f})"
+        cells = [cell(n, a) if abs(a - b) <= 1e-12 else f"{cell(n, a)} / {cell(n, b)}"
+                 for a, b in (r.table6.steps[v] for v in variants)]
+        print(f"| {n} | {r.table6.grid} | {r.engine} | {paper} | " + " | ".join(cells) + " |")
+    print()
 
 
 def print_links(rows: Sequence[Row]) -> None:
@@ -467,6 +655,7 @@ def main(argv: Sequence[str] = None) -> int:
     placements = ("compact",) if args.quick else PLACEMENTS
     wires = ("fp16",) if args.quick else tuple(WIRES)
     tensors = tensor_sets(wires)
+    profile = step_profile.resnet50_profile(COMPUTE_SECONDS)
     engines = tuple(ENGINES)
     rows: List[Row] = []
     checked: List[tuple] = []
@@ -477,7 +666,7 @@ def main(argv: Sequence[str] = None) -> int:
         with ProcessPoolExecutor(max_workers=args.jobs,
                                  mp_context=multiprocessing.get_context("spawn")) as pool:
             futures = [pool.submit(run_clusters, [c], sizes, placements, tensors, engines,
-                                   args.seed) for c in args.clusters]
+                                   args.seed, profile) for c in args.clusters]
             for c, f in zip(args.clusters, futures):
                 r, ch, n = f.result()
                 rows += r
@@ -485,7 +674,7 @@ def main(argv: Sequence[str] = None) -> int:
                 counts[c] = n
     else:
         rows, checked, n = run_clusters(args.clusters, sizes, placements, tensors, engines,
-                                        args.seed)
+                                        args.seed, profile)
         counts[" and ".join(args.clusters)] = n
     print("## The planner against the simulator's best\n")
     print(f"ResNet-50's {len(next(iter(tensors.values())))} gradients "
@@ -497,6 +686,18 @@ def main(argv: Sequence[str] = None) -> int:
           "simulator.\n")
     print_rows(rows)
     print_summary(rows)
+    print("## The training step\n")
+    print(f"Step = forward + backward ({COMPUTE_SECONDS * 1e3:.1f} ms: 32 images per GPU at every "
+          f"size, Table 6) + the communication exposed after the backward pass, on the "
+          f"simulator's costs, with ResNet-50's gradients ready as studies/step_profile.py's "
+          f"FLOP model says (backward {profile.backward_seconds * 1e3:.2f} ms). best: "
+          "planner.plan on simulated costs with the profile; planner default: the runtime's "
+          "plan (made without a profile); planner + profile: the probe's links, the cost model "
+          "and the profile; paper: one buffer, ready when the backward pass ends. eff = "
+          "compute / step.\n")
+    print_steps(rows)
+    print_step_summary(rows)
+    print_table6(rows)
     print_checks(checked)
     print_links(rows)
     print("Simulation: " + "; ".join(

@@ -11,6 +11,7 @@ import unittest
 
 from studies import planner_sweep as ps
 from studies import simulated_cluster as sc
+from studies import step_profile
 from tests import test_simulated_cluster as tsc
 from tftorus.grid import TorusGrid
 
@@ -24,7 +25,8 @@ class PlannerSweepTest(unittest.TestCase):
     def setUpClass(cls):
         cls.tensors = ps.tensor_sets(("fp16",))
         cls.rows, cls.checked, _ = ps.sweep_worlds(tsc.platform(), ["flat"], (16,),
-                                                   ("compact",), cls.tensors)
+                                                   ("compact",), cls.tensors,
+                                                   profile=step_profile.resnet50_profile())
 
     def test_every_engine_has_a_row(self):
         self.assertEqual(sorted(r.engine for r in self.rows), sorted(ps.ENGINES))
@@ -39,6 +41,20 @@ class PlannerSweepTest(unittest.TestCase):
                 # the exhaustive search also beats the rules it replaces
                 self.assertLessEqual(r.best.seconds, r.fixed.seconds * (1 + 1e-9))
                 self.assertLessEqual(r.best.seconds, r.paper.seconds * (1 + 1e-9))
+
+    def test_training_step_with_the_profile(self):
+        for r in self.rows:
+            s = r.step
+            with self.subTest(engine=r.engine):
+                self.assertIsNotNone(s)
+                self.assertLessEqual(s.best.seconds, s.paper.seconds * (1 + 1e-9))
+                self.assertLessEqual(s.miss("profiled"), ps.WITHIN,
+                                     f"planner + profile {s.profiled.what} "
+                                     f"{s.profiled.seconds * 1e3:.3f} ms, best {s.best.what} "
+                                     f"{s.best.seconds * 1e3:.3f} ms")
+                self.assertGreaterEqual(s.best.seconds, s.compute)
+                # the one buffer is ready when the backward pass ends: nothing of it is hidden
+                self.assertAlmostEqual(s.paper.seconds, s.compute + r.paper.seconds)
 
     def test_interpolation_matches_direct_simulation(self):
         self.assertTrue(self.checked)
