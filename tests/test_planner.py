@@ -159,7 +159,7 @@ class ProbeJobTest(unittest.TestCase):
                                                 "task": {"type": "worker", "index": i}}),
                        "TFTORUS_ENGINE": "tf"}, timeout=240)
         self.assertEqual(result.returncode, 0, harness.describe(result))
-        self.assertEqual(result.output.count("planner: 11 checks, 0 failed"), 4,
+        self.assertEqual(result.output.count("planner: 12 checks, 0 failed"), 4,
                          harness.describe(result))
         self.assertIn("plan tftorus: grid", result.output)
 
@@ -174,9 +174,42 @@ class ProbeJobTest(unittest.TestCase):
              harness.worker("planner_check.py")], cwd=harness.ROOT, env=harness._env(),
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=240)
         self.assertEqual(proc.returncode, 0, proc.stdout[-4000:])
-        self.assertEqual(proc.stdout.count("planner: 11 checks, 0 failed"), 4,
+        self.assertEqual(proc.stdout.count("planner: 12 checks, 0 failed"), 4,
                          proc.stdout[-4000:])
         self.assertIn("plan tftorus: grid", proc.stdout)
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class ReadinessClockTest(unittest.TestCase):
+    def test_clocks_tell_when_each_tensor_was_made(self):
+        """Two tensors made one after the other inside a tf.function, ~0.1 s of work apart:
+        the clocks see the gap, and the later one's clock does not run early."""
+        import numpy as np
+        import tensorflow as tf
+        from tftorus import readiness
+
+        clock = readiness.Clock(2)
+        m = tf.constant(np.random.RandomState(0).standard_normal((400, 400)).astype(np.float32))
+
+        def work(x, n):
+            for _ in range(n):
+                x = tf.tanh(tf.matmul(x, m) / 20.0)
+            return x
+
+        @tf.function
+        def step(x):
+            first = work(x, 2)
+            second = work(first, 120)
+            clock.instrument([second, first])  # the optimizer's order: the earlier layer first
+            return second
+
+        step(m)  # traces
+        start = tf.timestamp()
+        step(m)
+        ready, steps = clock.read()
+        self.assertEqual(steps, 2)
+        self.assertEqual(ready[1], 0.0)  # `first` is the first ready
+        self.assertGreater(ready[0], 0.02)  # 120 matmuls later
+        self.assertGreater(float(clock.stamps[1] - start), 0.0)

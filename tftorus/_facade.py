@@ -4,7 +4,7 @@ from tftorus.compression import Compression  # adds bf16 to Horovod's choices
 from tftorus.context import init, shutdown
 from tftorus.grid import PAPER_GRIDS, GridError, TorusGrid, plan_grid, resolve_grid
 from tftorus.reduction import (SUPPORTED_DTYPES, TorusOptions, fused_allreduce, gradient_reducer,
-                               reduce_gradients)
+                               reduce_gradients, replan)
 
 __version__ = "0.1.0"
 
@@ -12,6 +12,7 @@ _OWN = [
     "init", "shutdown", "DistributedOptimizer", "DistributedGradientTape", "Compression",
     "TorusOptions", "TorusGrid", "GridError", "PAPER_GRIDS", "plan_grid", "resolve_grid",
     "gradient_reducer", "reduce_gradients", "fused_allreduce", "SUPPORTED_DTYPES", "world",
+    "replan",
 ]
 
 if stack.HOROVOD:

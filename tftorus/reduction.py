@@ -21,7 +21,7 @@ from typing import List, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from tftorus import algorithms, context, fusion, planner, stack
+from tftorus import algorithms, context, fusion, planner, readiness, stack
 from tftorus.communicator import Communicator
 from tftorus.compression import Compression
 from tftorus.grid import GridSpec, TorusGrid
@@ -175,7 +175,7 @@ def _reduce(options: TorusOptions, tensors: Sequence[tf.Tensor], op, compression
         w, ctx = compression.compress(_scale(t, prescale_factor))
         wire.append(w)
         ctxs.append(ctx)
-    buckets, chosen, chunks = _plan(options, comm, torus_grid, wire)
+    buckets, chosen, chunks = _plan(options, comm, torus_grid, wire, tensors)
     checks = []
     if options.check_consistency and comm.size > 1:
         signature = f"{torus_grid}|{op}|" + ";".join(
@@ -195,13 +195,15 @@ def _reduce(options: TorusOptions, tensors: Sequence[tf.Tensor], op, compression
     return out
 
 
-_plans = {}  # (links, world, options, tensors) -> the plan, made once and logged once
+_plans = {}  # (links, world, options, tensors, profile) -> the plan, made and logged once
+_profiles = {}  # tensors -> planner.StepProfile measured by replan()
 
 
-def _plan(options: TorusOptions, comm: Communicator, grid: TorusGrid, wire):
+def _plan(options: TorusOptions, comm: Communicator, grid: TorusGrid, wire, tensors):
     """Buckets, their algorithms and chunk counts: planned from the links where tftorus knows
     them (tftorus/planner.py; what options fix is taken as given), else the fixed rules (16 MiB
-    buckets, algorithms.choose, algorithms.pipeline_chunks)."""
+    buckets, algorithms.choose, algorithms.pipeline_chunks). Planned for the step once replan()
+    has measured when the gradients are ready; until then the step clocks them (readiness.py)."""
     links = context.links()
     threshold = options.fusion_threshold_bytes
     if links is None or comm.size == 1:
@@ -216,18 +218,42 @@ def _plan(options: TorusOptions, comm: Communicator, grid: TorusGrid, wire):
         not algorithms._ring_order_shows(grid, d) or algorithms.ordered_column(grid, comm, d)
         for d in dtypes), max_bucket_bytes=comm.max_bucket_bytes)
     algorithm = None if options.algorithm == algorithms.AUTO else options.algorithm
+    profile = _profiles.get(tuple(sizes))
+    if profile is None and not tf.executing_eagerly():
+        readiness.clock_for(tuple(sizes), len(tensors)).instrument(tensors)
     key = (links, comm.size, comm.local_size, grid, engine, algorithm, threshold,
-           options.pipeline_chunks, tuple(sizes))
+           options.pipeline_chunks, tuple(sizes), profile)
     if key not in _plans:
         _plans[key] = planner.plan(comm.size, comm.local_size, sizes, links, engine, grid=grid,
                                    threshold_bytes=threshold, algorithm=algorithm,
-                                   chunks=options.pipeline_chunks)
+                                   chunks=options.pipeline_chunks, profile=profile)
         if comm.rank == 0:
             logger.info("%s", _plans[key].describe())
     p = _plans[key]
     buckets = fusion.plan_buckets(wire, p.fusion_threshold_bytes)
     assert [b.indices for b in buckets] == [b.indices for b in p.buckets], "plan and fusion differ"
     return buckets, [b.algorithm for b in p.buckets], [b.chunks for b in p.buckets]
+
+
+def replan(engine: Optional[str] = None) -> bool:
+    """Plan every clocked gradient set for the training step: read when its gradients were
+    ready in the steps so far (readiness.py), averaged over the ranks, and let the planner judge
+    its buckets by the communication the step cannot hide. Collective: call it on every rank at
+    the same point, eagerly, after a few steps (tftorus.keras.ReplanCallback does in `fit`);
+    then trace the step again (Keras: make_train_function(force=True)). True when a gradient
+    set got a profile; False on one host (nothing is planned there) or before any step ran."""
+    if context.links() is None:
+        return False
+    comm = context.communicator(engine)
+    got = readiness.measured(comm)
+    for key, (ready, span) in got.items():
+        _profiles[key] = planner.StepProfile(tuple(float(r) for r in ready), span)
+        readiness.forget(key)
+        if comm.rank == 0:
+            logger.info("tftorus: the step's gradients come %.1f ms apart, first to last (%d "
+                        "tensors); planning their all-reduce for the step", span * 1e3,
+                        len(ready))
+    return bool(got)
 
 
 def _reduce_bucket(comm: Communicator, grid: TorusGrid, algorithm: str, wire, bucket,

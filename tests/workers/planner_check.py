@@ -41,6 +41,34 @@ def _tensors(rank: int):
     return out + [rng.randint(-50, 50, size=(123,)).astype(np.int64)]
 
 
+def _fit_replans(rank: int):
+    """A small model's fit with ReplanCallback: the steps clock their gradients, replan() gives
+    the planner a profile, the step is traced again and planned for it; the ranks' weights stay
+    equal."""
+    import tftorus.keras
+    tf.keras.utils.set_random_seed(1)
+    model = tf.keras.Sequential([tf.keras.layers.Dense(256, activation="relu"),
+                                 tf.keras.layers.Dense(256, activation="relu"),
+                                 tf.keras.layers.Dense(4)])
+    model.compile(optimizer=tftorus.keras.DistributedOptimizer(tf.keras.optimizers.SGD(0.01)),
+                  loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    rng = np.random.RandomState(rank)
+    x = rng.standard_normal((64, 32)).astype(np.float32)
+    y = rng.randint(0, 4, 64)
+    callback = tftorus.keras.ReplanCallback(after_steps=2)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[callback])
+    out = []
+    if not callback.replanned:
+        out.append("ReplanCallback did not re-plan after 2 steps")
+    if not any("exposed" in p.why for p in reduction._plans.values()):
+        out.append("no plan was judged by the step after replan()")
+    mine = tf.concat([tf.reshape(v, [-1]) for v in model.trainable_variables], 0)
+    every = tftorus.allgather(tf.reshape(mine, [1, -1]))
+    if float(tf.reduce_max(tf.abs(every - every[:1]))) != 0.0:
+        out.append("the ranks' weights differ after the re-planned steps")
+    return out
+
+
 def main():
     tftorus.init(engine=os.environ.get("TFTORUS_ENGINE") or None)
     comm = context.communicator()
@@ -80,6 +108,9 @@ def main():
                 1.0, float(np.max(np.abs(want))))
         if not ok:
             failures.append(f"tensor {i} {tensors[i].shape} {tensors[i].dtype}: sum differs")
+    if local < size:  # planned for the step, in a user's fit
+        checks += 1
+        failures += _fit_replans(rank)
     plans = {p.describe() for p in reduction._plans.values()}
     print(f"[rank {rank}] links {links.describe()}"
           + (f" in {seconds:.2f} s" if seconds is not None else "")

@@ -17,9 +17,10 @@ from tftorus.batch_size_control import BatchSizeControl
 from tftorus.compression import Compression
 from tftorus.context import init, shutdown
 from tftorus.reduction import TorusOptions, reduce_gradients
+from tftorus.replan_callback import ReplanCallback
 
 _OWN = ["init", "shutdown", "DistributedOptimizer", "load_model", "reduce_gradients",
-        "Compression", "TorusOptions", "BatchSizeControl"]
+        "Compression", "TorusOptions", "BatchSizeControl", "ReplanCallback"]
 _QUERIES = ["Average", "Sum", "allgather", "allreduce", "broadcast", "callbacks", "rank", "size",
             "local_rank", "local_size", "cross_rank", "cross_size", "is_initialized",
             "mpi_built", "mpi_enabled", "mpi_threads_supported", "gloo_built", "gloo_enabled",
