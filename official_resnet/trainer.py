@@ -359,6 +359,8 @@ def make_callbacks(job: Job, state: RunState, segment: batch_plan.FitSegment, fi
     return [
         RunProgress(state, micro, first_epoch, skip, config.max_steps),
         *averaging,
+        # across hosts: after 3 steps, the all-reduce planned for the step (a no-op on one host)
+        tftorus.keras.ReplanCallback(),
         BatchSizeControl([(0 if i == 0 else round(p.start_epoch / state.epoch_fraction),
                            p.accumulation) for i, p in enumerate(segment.phases)],
                          on_switch=phase_line),

@@ -115,7 +115,8 @@ class PlannerTest(unittest.TestCase):
         self.assertAlmostEqual(gbit.inter.bandwidth / 5e8, 1.0)
 
     def test_bad_links_say_what_to_write(self):
-        for text in ("inter=1us@1GB/s", "intra=1us,inter=1us@1GB/s", "intra=1us@0GB/s,inter=1us@1GB/s",
+        for text in ("inter=1us@1GB/s", "intra=1us,inter=1us@1GB/s",
+                     "intra=1us@0GB/s,inter=1us@1GB/s",
                      "intra=1us@1GB/s,inter=1us@1GB/s,lanes=0.5", "intra=1@1,inter=1us@1GB/s"):
             with self.assertRaises(planner.PlanError, msg=text) as ctx:
                 planner.Links.parse(text)

@@ -49,7 +49,7 @@ class PlannerSweepTest(unittest.TestCase):
                 self.assertIsNotNone(s)
                 self.assertLessEqual(s.best.seconds, s.paper.seconds * (1 + 1e-9))
                 self.assertLessEqual(s.miss("profiled"), ps.WITHIN,
-                                     f"planner + profile {s.profiled.what} "
+                                     f"planner after replan {s.profiled.what} "
                                      f"{s.profiled.seconds * 1e3:.3f} ms, best {s.best.what} "
                                      f"{s.best.seconds * 1e3:.3f} ms")
                 self.assertGreaterEqual(s.best.seconds, s.compute)

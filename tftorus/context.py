@@ -199,7 +199,8 @@ def _init_tf(grid, extra_grids, reduce_scatter_impl, collective_timeout, tf_host
                          f"engine's choice), got {reduce_scatter_impl!r}")
     tf_cluster.check_not_started()  # before horovodrun's rendezvous publishes a port
     cluster = tf_cluster.discover(tf_host, tf_port, collective_timeout)
-    grids = _grids_for(cluster.size, cluster.local_size, grid, extra_grids, "tf")  # before TF starts
+    # before TF starts
+    grids = _grids_for(cluster.size, cluster.local_size, grid, extra_grids, "tf")
     cluster = tf_cluster.bootstrap(tf_host, tf_port, collective_timeout)
     comm = TFCollectiveCommunicator(cluster, _groups_of(grids), reduce_scatter_impl or "auto",
                                     collective_timeout)
@@ -309,9 +310,10 @@ def _new_generation():
 
 
 def world_guard(size: int, grid: TorusGrid):
-    """In a traced step for a world of `size` ranks on `grid`, an op that fails unless the world is still the one it was traced for
-    (elastic jobs only, else None). A step traced before a reset would otherwise run Horovod
-    collectives on process sets that no longer exist, or divide by the old world size."""
+    """In a traced step for a world of `size` ranks on `grid`, an op that fails unless the
+    world is still the one it was traced for (elastic jobs only, else None). A step traced
+    before a reset would otherwise run Horovod collectives on process sets that no longer
+    exist, or divide by the old world size."""
     global _generation_variable
     if not is_elastic():
         return None

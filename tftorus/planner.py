@@ -130,8 +130,8 @@ _RATE_UNITS = {"gb/s": 1e9, "mb/s": 1e6, "gbit/s": 1e9 / 8}
 
 
 def _parse_link(text: str, name: str) -> cm.Link:
-    match = re.fullmatch(r"\s*([0-9.eE+-]+)\s*(s|ms|us)\s*@\s*([0-9.eE+-]+)\s*(GB/s|MB/s|Gbit/s)\s*",
-                         text, re.IGNORECASE)
+    match = re.fullmatch(r"\s*([0-9.eE+-]+)\s*(s|ms|us)\s*@\s*([0-9.eE+-]+)\s*"
+                         r"(GB/s|MB/s|Gbit/s)\s*", text, re.IGNORECASE)
     if not match:
         raise PlanError(f"{LINKS_ENV}: {name}={text!r} is not 'LATENCY@BANDWIDTH', e.g. "
                         f"'9.6us@12.5GB/s' (latency in s, ms or us; bandwidth in GB/s, MB/s or "
@@ -177,8 +177,8 @@ class Plan:
     grid: TorusGrid
     threshold_bytes: int  # ONE_BUFFER: one bucket per dtype
     buckets: Tuple[BucketPlan, ...]
-    seconds: float  # predicted all-reduce of every bucket, one after the other
-    exposed_seconds: float  # predicted communication the step does not hide (profile), else seconds
+    seconds: float  # predicted all-reduce of every bucket, all ready at once (timeline)
+    exposed_seconds: float  # predicted: what the step cannot hide (profile), else `seconds`
     links: Optional[Links] = None
     why: str = ""
 
@@ -199,6 +199,8 @@ class Plan:
         text = (f"tftorus: grid {self.grid}, {n} bucket{'s' * (n != 1)} of {size_text} MiB, "
                 f"{'/'.join(map(str, chunks))} chunk{'s' * (chunks != [1])} each, "
                 f"{'/'.join(algos)}; predicted {self.seconds * 1e3:.3g} ms per all-reduce")
+        if self.exposed_seconds != self.seconds:
+            text += f", {self.exposed_seconds * 1e3:.3g} ms of it past the backward pass"
         if self.links is not None:
             text += f"; links {self.links.describe()}"
         return text + (f"; {self.why}" if self.why else "")
@@ -226,7 +228,8 @@ def _algorithm_grid(algorithm: str, grid: TorusGrid, local_size: int) -> TorusGr
 class ModelCosts:
     """Seconds of one bucket for an algorithm, grid and chunk count, from the cost model: each
     phase's time is affine in its bytes, so every (algorithm, grid) is evaluated at two sizes
-    once. Anything with the same `seconds` can stand in for it (the studies' simulator)."""
+    once. Anything with the same `phase_seconds` and `seconds` can stand in for it (the
+    studies' simulator: studies/planner_sweep.py)."""
 
     def __init__(self, model: cm.CostModel, local_size: int):
         self.model = model
@@ -275,7 +278,8 @@ def timeline(costs, grid: TorusGrid, buckets: Sequence[Tuple[str, float, int, fl
     chunk's row reduce-scatter, column all-reduce and row all-gather go to two queues (the row's
     and the column's), so the column of one chunk runs beside the row phases of the next, in
     this bucket or the next one (the issue order of algorithms.torus_allreduce: RS(i), AR(i-1),
-    AG(i-2)). A ring or hierarchical bucket holds both queues while it runs (it shares the links)."""
+    AG(i-2)). A ring or hierarchical bucket holds both queues while it runs (it shares the
+    links)."""
     row = col = 0.0  # when each queue is free
     for algorithm, nbytes, chunks, ready in buckets:
         phases = costs.phase_seconds(algorithm, grid, nbytes / chunks)

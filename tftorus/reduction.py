@@ -38,7 +38,8 @@ logger = logging.getLogger(__name__)
 class TorusOptions:
     """The knobs tftorus adds to Horovod's optimizer arguments."""
 
-    algorithm: str = "auto"  # 'auto' (per buffer: algorithms.choose), 'torus', 'ring', 'hierarchical'
+    # 'auto' (per buffer: planned, or algorithms.choose), 'torus', 'ring', 'hierarchical'
+    algorithm: str = "auto"
     grid: GridSpec = None  # None: the grid given to tftorus.init()
     # None: planned from the links (tftorus/planner.py), 16 MiB where none are known
     fusion_threshold_bytes: Optional[int] = None
@@ -313,7 +314,8 @@ def make_allreduce_grads_fn(name: str, compression, sparse_as_dense: bool, op,
     if not context.is_whole_world(process_set) and not flat_on_subset:
         raise ValueError(
             "tftorus lays its grid over all ranks; for a sub-set of ranks use "
-            "algorithm='ring' (Horovod's all-reduce on that process set) or hvd.DistributedOptimizer")
+            "algorithm='ring' (Horovod's all-reduce on that process set) or "
+            "hvd.DistributedOptimizer")
     context.grid_for(options.algorithm, options.grid, options.engine)  # grid errors, now
     group = None if context.is_whole_world(process_set) else tuple(sorted(process_set.ranks))
 
