@@ -158,8 +158,9 @@ def fused_allreduce(tensors: Sequence[tf.Tensor], op="sum", *, algorithm: str = 
 
 def _reduce(options: TorusOptions, tensors: Sequence[tf.Tensor], op, compression,
             prescale_factor: float, postscale_factor: float, comm: Optional[Communicator],
-            torus_grid: Optional[TorusGrid]) -> List[tf.Tensor]:
-    """fused_allreduce with its knobs as one TorusOptions (the optimizers hold one)."""
+            torus_grid: Optional[TorusGrid], gradients: bool = False) -> List[tf.Tensor]:
+    """fused_allreduce with its knobs as one TorusOptions (the optimizers hold one).
+    gradients: a training step's, whose readiness the step may clock for replan()."""
     op = op_name(op)
     check_compression(compression)
     comm = comm or context.communicator(options.engine)
@@ -176,7 +177,8 @@ def _reduce(options: TorusOptions, tensors: Sequence[tf.Tensor], op, compression
         w, ctx = compression.compress(_scale(t, prescale_factor))
         wire.append(w)
         ctxs.append(ctx)
-    buckets, chosen, chunks = _plan(options, comm, torus_grid, wire, tensors)
+    buckets, chosen, chunks = _plan(options, comm, torus_grid, wire,
+                                    tensors if gradients else None)
     checks = []
     if options.check_consistency and comm.size > 1:
         signature = f"{torus_grid}|{op}|" + ";".join(
@@ -200,7 +202,8 @@ _plans = {}  # (links, world, options, tensors, profile) -> the plan, made and l
 _profiles = {}  # tensors -> planner.StepProfile measured by replan()
 
 
-def _plan(options: TorusOptions, comm: Communicator, grid: TorusGrid, wire, tensors):
+def _plan(options: TorusOptions, comm: Communicator, grid: TorusGrid, wire,
+          tensors: Optional[Sequence[tf.Tensor]]):
     """Buckets, their algorithms and chunk counts: planned from the links where tftorus knows
     them (tftorus/planner.py; what options fix is taken as given), else the fixed rules (16 MiB
     buckets, algorithms.choose, algorithms.pipeline_chunks). Planned for the step once replan()
@@ -220,7 +223,7 @@ def _plan(options: TorusOptions, comm: Communicator, grid: TorusGrid, wire, tens
         for d in dtypes), max_bucket_bytes=comm.max_bucket_bytes)
     algorithm = None if options.algorithm == algorithms.AUTO else options.algorithm
     profile = _profiles.get(tuple(sizes))
-    if profile is None and not tf.executing_eagerly():
+    if profile is None and tensors is not None and not tf.executing_eagerly():
         readiness.clock_for(tuple(sizes), len(tensors)).instrument(tensors)
     key = (links, comm.size, comm.local_size, grid, engine, algorithm, threshold,
            options.pipeline_chunks, tuple(sizes), profile)
@@ -337,7 +340,8 @@ def make_allreduce_grads_fn(name: str, compression, sparse_as_dense: bool, op,
                 wire, ctx = compression.compress(_scale(t, pre))
                 out.append(_scale(compression.decompress(comm.all_reduce(wire, group), ctx), post))
             return out
-        return _reduce(options, dense, "sum", compression, pre, post, comm, torus_grid)
+        return _reduce(options, dense, "sum", compression, pre, post, comm, torus_grid,
+                       gradients=True)
 
     def reduce_sparse(grad: tf.IndexedSlices, comm, set_size):
         # As Horovod does: gather every rank's rows; duplicates are summed when applied.
