@@ -383,7 +383,7 @@ def _plan_links(grid_given: bool) -> None:
         from tftorus import link_probe
         links = link_probe.probe(comm, local_size)
         if comm.rank == 0:
-            logger.info("tftorus: links measured in %.2f s: %s (%s=%r gives them without the "
+            logger.info("tftorus: link probe %.2f s; links %s (%s=%r gives them without the "
                         "probe)", time.perf_counter() - start, links.describe(),
                         planner.LINKS_ENV, links.spec())
     _state.links = links
