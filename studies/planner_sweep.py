@@ -83,7 +83,7 @@ QUICK_SIZES = (64, 256)
 PLACEMENTS = ("compact", "scattered")
 WIRES = {"fp16": 2, "fp32": 4}
 ENGINES = {"tf": planner.Engine(concurrent_groups=True),
-           "horovod": planner.Engine(concurrent_groups=False)}
+           "horovod": planner.Engine(concurrent_groups=False, columns_in_turn=True)}
 FIXED_THRESHOLD = 16 * MIB
 WITHIN = 0.03
 CLUSTERS = ("abci", "rails")

@@ -1,5 +1,6 @@
 """The planner (tftorus/planner.py) on synthetic links, the probe's fit (tftorus/link_probe.py),
 and both on real worlds: two loopback "hosts" on the tf engine, one host on Horovod's."""
+import dataclasses
 import json
 import os
 import subprocess
@@ -62,6 +63,15 @@ class PlannerTest(unittest.TestCase):
         self.assertEqual(len(flat.buckets), 1)
         self.assertGreater(len(overlapped.buckets), 1)
         self.assertLess(overlapped.exposed_seconds, flat.exposed_seconds)
+
+    def test_horovods_columns_in_turn_keep_buckets_small_on_rails_only(self):
+        fast = links(1e-3, 100.0)  # latency-bound: alone, one buffer
+        in_turn = dataclasses.replace(HOROVOD_ENGINE, columns_in_turn=True)
+        one_link = planner.plan(64, 4, resnet_like(), fast, in_turn)
+        self.assertEqual(len(one_link.buckets), 1)
+        rails = planner.plan(64, 4, resnet_like(), dataclasses.replace(fast, lanes=4.0), in_turn)
+        self.assertLessEqual(max(b.nbytes for b in rails.buckets),
+                             planner.IN_TURN_MAX_BUCKET_BYTES)
 
     def test_one_host_runs_the_engines_all_reduce_without_chunks(self):
         p = planner.plan(8, 8, resnet_like(), links(0.0, 0.03), TF_ENGINE)

@@ -33,6 +33,9 @@ class HorovodCommunicator(Communicator):
     # (RunLoopOnce performs each response of each set before the next), so a row's and a
     # column's collectives never overlap: the torus' chunk pipeline has nothing to gain here.
     concurrent_groups = False
+    # Its loop also coordinates every rank once per cycle: a column whose request misses the
+    # other column's cycle waits for that column's collective to end (docs/scale.md)
+    columns_in_turn = True
 
     def __init__(self, process_sets: Iterable["hvd.ProcessSet"] = (),
                  reduce_scatter_impl: str = "alltoall"):

@@ -48,6 +48,13 @@ CHUNKS = (1, 2, 4, 8, 16)
 #: Plans predicted within this fraction of the best are equal; the simpler one is kept.
 TIE_FRACTION = 0.01
 ALGORITHMS = ("torus", "ring", "hierarchical")
+#: The largest bucket on an engine whose columns can run in turn (Horovod's: its loop
+#: coordinates every rank once per cycle), where the hosts' ranks cross on links of their own
+#: (lanes > 1): one long column collective then holds the other columns back for its whole
+#: length. Measured on the emulated 2 x 2 with a link per rank, ResNet-50's FP32 set: one
+#: 97.6 MiB buffer 3.70 s (p25 2.83), 16 MiB buckets 2.01 s; with one link per host, where the
+#: columns share the link anyway, one buffer was 3 % faster (docs/emulated_cluster.md).
+IN_TURN_MAX_BUCKET_BYTES = 16 * MIB
 LINKS_ENV = "TFTORUS_LINKS"
 
 
@@ -215,6 +222,7 @@ class Engine:
     concurrent_groups: bool
     chunks_allowed: bool = True
     max_bucket_bytes: Optional[int] = None  # Communicator.max_bucket_bytes
+    columns_in_turn: bool = False  # Communicator.columns_in_turn
 
 
 # ==================================================================================================
@@ -346,9 +354,11 @@ def plan(size: int, local_size: int, tensor_bytes: Sequence[Tuple[int, object]],
     else:
         grid_choices = list(grids) if grids else [TorusGrid(size=size, x=x) for x in divisors(size)]
     total = sum(b for b, _ in tensor_bytes)
+    cap = engine.max_bucket_bytes
+    if engine.columns_in_turn and links.lanes >= 1.5:
+        cap = min(cap or IN_TURN_MAX_BUCKET_BYTES, IN_TURN_MAX_BUCKET_BYTES)
     thresholds = [threshold_bytes] if threshold_bytes is not None else [
-        t for t in THRESHOLDS if engine.max_bucket_bytes is None
-        or (t if t != ONE_BUFFER else total) <= engine.max_bucket_bytes]
+        t for t in THRESHOLDS if cap is None or (t if t != ONE_BUFFER else total) <= cap]
     concurrent = engine.concurrent_groups
     best: Optional[Plan] = None
     best_key = None

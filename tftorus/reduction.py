@@ -220,7 +220,8 @@ def _plan(options: TorusOptions, comm: Communicator, grid: TorusGrid, wire,
     dtypes = {t.dtype for t in wire}
     engine = planner.Engine(concurrent_groups=comm.concurrent_groups, chunks_allowed=all(
         not algorithms._ring_order_shows(grid, d) or algorithms.ordered_column(grid, comm, d)
-        for d in dtypes), max_bucket_bytes=comm.max_bucket_bytes)
+        for d in dtypes), max_bucket_bytes=comm.max_bucket_bytes,
+        columns_in_turn=comm.columns_in_turn)
     algorithm = None if options.algorithm == algorithms.AUTO else options.algorithm
     profile = _profiles.get(tuple(sizes))
     if profile is None and tensors is not None and not tf.executing_eagerly():
