@@ -355,7 +355,8 @@ PROBE_ENV = "TFTORUS_PROBE"
 
 def _engine_caps(engine: str) -> "planner.Engine":
     """What the planner needs of an engine before its communicator exists (the grid)."""
-    return planner.Engine(concurrent_groups=engine == "tf", columns_in_turn=engine == "horovod")
+    gloo = engine == "horovod" and not tf.config.list_physical_devices("GPU")
+    return planner.Engine(concurrent_groups=engine == "tf", columns_in_turn=gloo)
 
 
 def _planned_grid(size: int, local_size: int, links, engine: str) -> TorusGrid:

@@ -33,8 +33,10 @@ class HorovodCommunicator(Communicator):
     # (RunLoopOnce performs each response of each set before the next), so a row's and a
     # column's collectives never overlap: the torus' chunk pipeline has nothing to gain here.
     concurrent_groups = False
-    # Its loop also coordinates every rank once per cycle: a column whose request misses the
-    # other column's cycle waits for that column's collective to end (docs/scale.md)
+    # Its loop also coordinates every rank once per cycle, and with Gloo it performs each
+    # collective to its end before the next cycle: a column whose request misses the other
+    # column's cycle waits for that column's whole collective (docs/emulated_cluster.md). With
+    # NCCL on GPUs the loop only enqueues the collective and goes on (untested here: no GPU).
     columns_in_turn = True
 
     def __init__(self, process_sets: Iterable["hvd.ProcessSet"] = (),
@@ -43,6 +45,7 @@ class HorovodCommunicator(Communicator):
             raise RuntimeError("Horovod is not initialised: call tftorus.init() first")
         self.reduce_scatter_impl = choose_reduce_scatter(reduce_scatter_impl,
                                                          hvd.nccl_built(), NATIVE_REFUSED)
+        self.columns_in_turn = not (hvd.nccl_built() and tf.config.list_logical_devices("GPU"))
         # Gloo sums FP16 one scalar at a time on CPUs (and Horovod takes no bf16); NCCL sums
         # 16-bit floats natively, so keep hvd.allreduce for 16-bit sums where NCCL is built.
         self.sum_16bit_in_fp32 = not hvd.nccl_built()

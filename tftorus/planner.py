@@ -48,7 +48,7 @@ CHUNKS = (1, 2, 4, 8, 16)
 #: Plans predicted within this fraction of the best are equal; the simpler one is kept.
 TIE_FRACTION = 0.01
 ALGORITHMS = ("torus", "ring", "hierarchical")
-#: The largest bucket on an engine whose columns can run in turn (Horovod's: its loop
+#: The largest bucket on an engine whose columns can run in turn (Horovod's with Gloo: its loop
 #: coordinates every rank once per cycle), where the hosts' ranks cross on links of their own
 #: (lanes > 1): one long column collective then holds the other columns back for its whole
 #: length. Measured on the emulated 2 x 2 with a link per rank, ResNet-50's FP32 set: one
