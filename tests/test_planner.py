@@ -224,3 +224,29 @@ class ReadinessClockTest(unittest.TestCase):
         self.assertEqual(ready[1], 0.0)  # `first` is the first ready
         self.assertGreater(ready[0], 0.02)  # 120 matmuls later
         self.assertGreater(float(clock.stamps[1] - start), 0.0)
+
+
+class GivenLinksTest(unittest.TestCase):
+    """TFTORUS_LINKS at init(): the grid planned from them before any process set is made, and
+    a malformed value refused before anything starts."""
+
+    def test_the_grid_is_planned_from_given_links(self):
+        from unittest import mock
+        from tftorus import context
+        rails = "intra=4us@257GB/s,inter=10.2us@46GB/s,lanes=8"
+        with mock.patch.dict(os.environ, {planner.LINKS_ENV: rails}):
+            grids = context._grids_for(256, 8, None, [], "tf")
+        want = planner.plan(256, 8, [(context.GRID_PLAN_BYTES, "grid")],
+                            planner.Links.parse(rails), TF_ENGINE).grid
+        self.assertEqual(grids[0], want)
+        with mock.patch.dict(os.environ, {planner.LINKS_ENV: rails}):  # a grid given wins
+            self.assertEqual(context._grids_for(256, 8, "16x16", [], "tf")[0],
+                             TorusGrid(size=256, x=16))
+
+    def test_a_malformed_value_says_what_to_write(self):
+        from unittest import mock
+        from tftorus import context
+        with mock.patch.dict(os.environ, {planner.LINKS_ENV: "inter=fast"}):
+            with self.assertRaises(planner.PlanError) as ctx:
+                context._grids_for(256, 8, None, [], "horovod")
+        self.assertIn("intra=3.4us@50GB/s", str(ctx.exception))
