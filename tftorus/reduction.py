@@ -65,8 +65,8 @@ class TorusOptions:
         context.check_engine_name(self.engine)
         threshold = self.fusion_threshold_bytes
         if threshold is not None and (not isinstance(threshold, int) or threshold < 0):
-            raise ValueError(f"fusion_threshold_bytes must be a whole number >= 0 (or None: "
-                             f"planned), got {threshold!r}")
+            raise ValueError(f"fusion_threshold_bytes must be a whole number >= 0, got "
+                             f"{threshold!r} (None: planned)")
 
 
 def op_name(op) -> str:
