@@ -176,6 +176,13 @@ def ordered_column(grid: TorusGrid, comm: Communicator, dtype: tf.DType) -> bool
     return comm.concurrent_groups and comm.rank_ordered_sums and _ring_order_shows(grid, dtype)
 
 
+def chunks_keep_bits(grid: TorusGrid, comm: Communicator, dtype: tf.DType) -> bool:
+    """Whether cutting a buffer of `dtype` into chunks leaves every bit of its sum as it is:
+    not where an engine's ring sums a float column of 3+ ranks (it is then summed in rank order
+    where the engine pipelines, ordered_column). The fixed rule and the planner both ask."""
+    return not _ring_order_shows(grid, dtype) or ordered_column(grid, comm, dtype)
+
+
 def pipeline_chunks(name: str, grid: TorusGrid, comm: Communicator, nbytes: int,
                     requested: Optional[int] = None, dtype: tf.DType = tf.float32) -> int:
     """How many chunks the torus cuts a buffer of `nbytes` of `dtype` into (1: no pipelining).
@@ -194,7 +201,7 @@ def pipeline_chunks(name: str, grid: TorusGrid, comm: Communicator, nbytes: int,
         return requested
     if grid.x == 1 or grid.y == 1 or comm.local_size >= comm.size or not comm.concurrent_groups:
         return 1
-    if _ring_order_shows(grid, dtype) and not ordered_column(grid, comm, dtype):
+    if not chunks_keep_bits(grid, comm, dtype):
         return 1
     return int(max(1, min(MAX_CHUNKS, nbytes // MIN_CHUNK_BYTES)))
 

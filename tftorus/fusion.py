@@ -61,11 +61,20 @@ def plan_buckets(tensors: Sequence[tf.Tensor],
                  threshold_bytes: int = DEFAULT_THRESHOLD_BYTES) -> List[Bucket]:
     """Group tensors into buckets of one dtype and at most `threshold_bytes` (0: no fusion; a
     larger tensor gets a bucket of its own), in ready order (bucket_indices says how)."""
-    shapes = [static_shape(t, f"tensor #{i}") for i, t in enumerate(tensors)]
-    sizes = [(int(np.prod(s, dtype=np.int64)) * t.dtype.size, t.dtype)
-             for s, t in zip(shapes, tensors)]
-    return [Bucket(indices, tuple(shapes[i] for i in indices), tensors[indices[0]].dtype)
-            for indices in bucket_indices(sizes, threshold_bytes)]
+    return buckets_of(tensors, bucket_indices(tensor_sizes(tensors), threshold_bytes))
+
+
+def tensor_sizes(tensors: Sequence[tf.Tensor]) -> List[Tuple[int, tf.DType]]:
+    """(bytes, dtype) of each tensor, from its static shape: what bucketing goes by."""
+    return [(int(np.prod(static_shape(t, f"tensor #{i}"), dtype=np.int64)) * t.dtype.size,
+             t.dtype) for i, t in enumerate(tensors)]
+
+
+def buckets_of(tensors: Sequence[tf.Tensor],
+               index_groups: Sequence[Sequence[int]]) -> List[Bucket]:
+    """The Buckets that carry these groups of tensor indices (a plan's, or bucket_indices')."""
+    return [Bucket(tuple(ix), tuple(static_shape(tensors[i]) for i in ix), tensors[ix[0]].dtype)
+            for ix in index_groups]
 
 
 def bucket_indices(sizes: Sequence[Tuple[int, object]],

@@ -189,13 +189,6 @@ class Plan:
     links: Optional[Links] = None
     why: str = ""
 
-    @property
-    def fusion_threshold_bytes(self) -> int:
-        """The threshold fusion.plan_buckets takes for this plan (one buffer: every byte)."""
-        if self.threshold_bytes != ONE_BUFFER:
-            return self.threshold_bytes
-        return max(1, sum(b.nbytes for b in self.buckets))
-
     def describe(self) -> str:
         """One line for the log: the plan, then why."""
         n = len(self.buckets)
@@ -264,16 +257,6 @@ class ModelCosts:
                 concurrent: bool) -> float:
         """One bucket alone (its chunks pipelined where the engine runs groups at once)."""
         return timeline(self, grid, [(algorithm, nbytes, chunks, 0.0)], concurrent)
-
-
-def pipelined(phases: Sequence[float], chunks: int) -> float:
-    """A torus bucket of `chunks` equal chunks: chunk i's column all-reduce runs beside chunk
-    i+1's row reduce-scatter and chunk i-1's row all-gather (those two share the row links, so
-    they take turns); `phases` are one chunk's (reduce-scatter, column, all-gather) seconds."""
-    rs, col, ag = phases
-    middle = sum(max(col, (rs if i < chunks else 0.0) + (ag if i > 1 else 0.0))
-                 for i in range(1, chunks + 1))
-    return rs + middle + ag
 
 
 def timeline(costs, grid: TorusGrid, buckets: Sequence[Tuple[str, float, int, float]],
@@ -393,8 +376,8 @@ def plan(size: int, local_size: int, tensor_bytes: Sequence[Tuple[int, object]],
 
 
 def _costed(p: Plan, costs, engine: Engine, profile: Optional[StepProfile]) -> Plan:
-    seconds, hidden_not = evaluate(p, costs, engine, profile)
-    return dataclasses.replace(p, seconds=seconds, exposed_seconds=hidden_not)
+    seconds, exposed = evaluate(p, costs, engine, profile)
+    return dataclasses.replace(p, seconds=seconds, exposed_seconds=exposed)
 
 
 def _better(key, best_key) -> bool:

@@ -215,12 +215,11 @@ def _plan(options: TorusOptions, comm: Communicator, grid: TorusGrid, wire,
                                       if threshold is None else threshold)
         chosen = [algorithms.choose(options.algorithm, grid, comm, b.nbytes) for b in buckets]
         return buckets, chosen, [options.pipeline_chunks] * len(buckets)
-    sizes = [(int(np.prod(fusion.static_shape(t, f"tensor #{i}"), dtype=np.int64))
-              * t.dtype.size, t.dtype.name) for i, t in enumerate(wire)]
+    sizes = [(nbytes, dtype.name) for nbytes, dtype in fusion.tensor_sizes(wire)]
     dtypes = {t.dtype for t in wire}
     engine = planner.Engine(concurrent_groups=comm.concurrent_groups, chunks_allowed=all(
-        not algorithms._ring_order_shows(grid, d) or algorithms.ordered_column(grid, comm, d)
-        for d in dtypes), max_bucket_bytes=comm.max_bucket_bytes,
+        algorithms.chunks_keep_bits(grid, comm, d) for d in dtypes),
+        max_bucket_bytes=comm.max_bucket_bytes,
         columns_in_turn=comm.columns_in_turn)
     algorithm = None if options.algorithm == algorithms.AUTO else options.algorithm
     profile = _profiles.get(tuple(sizes))
@@ -235,9 +234,8 @@ def _plan(options: TorusOptions, comm: Communicator, grid: TorusGrid, wire,
         if comm.rank == 0:
             logger.info("%s", _plans[key].describe())
     p = _plans[key]
-    buckets = fusion.plan_buckets(wire, p.fusion_threshold_bytes)
-    assert [b.indices for b in buckets] == [b.indices for b in p.buckets], "plan and fusion differ"
-    return buckets, [b.algorithm for b in p.buckets], [b.chunks for b in p.buckets]
+    return (fusion.buckets_of(wire, [b.indices for b in p.buckets]),
+            [b.algorithm for b in p.buckets], [b.chunks for b in p.buckets])
 
 
 def replan(engine: Optional[str] = None) -> bool:
