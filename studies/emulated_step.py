@@ -16,7 +16,10 @@ every rank on this machine's cores). Variants, each its own model and optimizer 
 processes:
 
   hvd       horovod.tensorflow.keras.DistributedOptimizer (Horovod's own, the reference)
-  default   tftorus.keras.DistributedOptimizer with nothing but the wire compression
+  default   tftorus.keras.DistributedOptimizer with nothing but the wire compression (the
+            planner's first plan: an assumed backward pass)
+  replanned the same after tftorus.keras.ReplanCallback (its plan for the step its clocks
+            measured, made in three untimed steps before the repeats)
   torus, ring, hierarchical   the same with algorithm= forced
   compute   the plain optimizer, no reduction: the compute alone, with every rank at work
 
@@ -68,7 +71,7 @@ from typing import Dict, List, Tuple
 from studies import emulated_cluster as cluster
 
 DEFAULT_OUT = os.path.join(tempfile.gettempdir(), "tftorus_step")
-VARIANTS = ("hvd", "default", "torus", "ring", "hierarchical")  # the classic stack's
+VARIANTS = ("hvd", "default", "replanned", "torus", "ring", "hierarchical")  # the classic stack's
 MWMS_VARIANTS = ("mwms", "mwms-as-shipped")  # the current stack's peers, in their own launches
 CURRENT_VARIANTS = MWMS_VARIANTS + VARIANTS[1:]
 FIELDS = ("hosts", "ranks_per_host", "link_gbit", "wire", "repeat", "variant", "step_s",
@@ -223,7 +226,7 @@ def torus_worker(args) -> None:
             return hvd_keras.DistributedOptimizer(sgd, compression=getattr(
                 hvd_keras.Compression, "fp16" if wire == "fp16" else "none"))
         compression = getattr(tftorus.Compression, "fp16" if wire == "fp16" else "none")
-        torus = {} if variant == "default" else {"algorithm": variant}
+        torus = {} if variant in ("default", "replanned") else {"algorithm": variant}
         if args.fusion_mb is not None:
             torus["fusion_threshold_bytes"] = int(args.fusion_mb * (1 << 20))
         return tftorus.keras.DistributedOptimizer(sgd, compression=compression, **torus)
@@ -232,7 +235,9 @@ def torus_worker(args) -> None:
     for wire in args.wires:
         variants = ["compute"] + list(args.variants)
         built = {}
-        for variant in variants:
+        # the replanned model last: the others trace their steps (one untimed step each) before
+        # its profile exists, which every plan of the same gradient set would take
+        for variant in sorted(variants, key=lambda v: v == "replanned"):
             model = tf.keras.applications.ResNet50(weights=None, input_shape=shape, classes=10,
                                                    classifier_activation=None)
             opt = optimizer(variant, wire)
@@ -244,6 +249,13 @@ def torus_worker(args) -> None:
                     lambda g, o=opt, m=model: o._allreduce_grads(g, m.trainable_variables),
                     autograph=False)
             built[variant] = (model, reduce_fn, grads)
+            if variant == "replanned":
+                replan = tftorus.keras.ReplanCallback(after_steps=2)
+                model.fit(data, steps_per_epoch=3, epochs=1, verbose=0, callbacks=[replan])
+                if rank == 0:
+                    print(f"  {wire} replanned: {replan.replanned}", flush=True)
+            else:
+                model.fit(data, steps_per_epoch=1, epochs=1, verbose=0)
         rows = []
         for repeat in range(args.first_repeat, args.first_repeat + args.repeats):
             shift = repeat % len(variants)

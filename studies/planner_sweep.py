@@ -426,7 +426,8 @@ def sweep_worlds(platform: sc.Platform, clusters: Sequence[str], sizes: Sequence
                           fixed_rules(costs, ts, wire, engine), paper_torus(costs, ts, engine),
                           links.spec())
                 if profile is not None:
-                    row.step = training_step(world, costs, ts, links, engine, grids, mine,
+                    first = planner.first_plan(world.size, world.local_size, ts, links, engine)
+                    row.step = training_step(world, costs, ts, links, engine, grids, first,
                                              row.paper, profile)
                     if ((world.cluster, world.how, wire) == TABLE6_WORLD
                             and world.size in TABLE6_SIZES):
@@ -468,7 +469,7 @@ def table6_row(world: World, costs: SimulatedCosts, ts, links: planner.Links,
     common = {"grid": grid}
     one = planner.plan(world.size, world.local_size, ts, links, engine, grid=grid,
                        threshold_bytes=planner.ONE_BUFFER, algorithm="torus", chunks=1)
-    default = planner.plan(world.size, world.local_size, ts, links, engine, **common)
+    default = planner.first_plan(world.size, world.local_size, ts, links, engine, **common)
     profiled = planner.plan(world.size, world.local_size, ts, links, engine,
                             profile=measured_profile(profile),
                             **common)

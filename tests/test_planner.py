@@ -64,6 +64,23 @@ class PlannerTest(unittest.TestCase):
         self.assertGreater(len(overlapped.buckets), 1)
         self.assertLess(overlapped.exposed_seconds, flat.exposed_seconds)
 
+    def test_first_steps_are_planned_for_an_assumed_backward_pass(self):
+        # before replan() there is no profile: one buffer would hide nothing
+        tensors = resnet_like()
+        slow = links(1e-6, 1.0)
+        alone = planner.plan(64, 4, tensors, slow, HOROVOD_ENGINE)
+        first = planner.first_plan(64, 4, tensors, slow, HOROVOD_ENGINE)
+        self.assertEqual(len(alone.buckets), 1)
+        self.assertGreater(len(first.buckets), 1)
+        self.assertIn("assumed backward pass", first.describe())
+        assumed = planner.assumed_profile(tensors, 2.0)
+        self.assertEqual(assumed.ready[-1], 2.0 * tensors[-1][0] / sum(b for b, _ in tensors))
+        self.assertEqual(assumed.ready[0], 2.0)  # the first layer's gradient comes last
+        self.assertEqual(list(assumed.ready), sorted(assumed.ready, reverse=True))
+        # latency-bound links: still one buffer, as the step would hide little of more calls
+        fast = planner.first_plan(64, 4, tensors, links(1e-3, 100.0), TF_ENGINE)
+        self.assertEqual(len(fast.buckets), 1)
+
     def test_horovods_columns_in_turn_keep_buckets_small_on_rails_only(self):
         fast = links(1e-3, 100.0)  # latency-bound: alone, one buffer
         in_turn = dataclasses.replace(HOROVOD_ENGINE, columns_in_turn=True)

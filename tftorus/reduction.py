@@ -207,7 +207,8 @@ def _plan(options: TorusOptions, comm: Communicator, grid: TorusGrid, wire,
     """Buckets, their algorithms and chunk counts: planned from the links where tftorus knows
     them (tftorus/planner.py; what options fix is taken as given), else the fixed rules (16 MiB
     buckets, algorithms.choose, algorithms.pipeline_chunks). Planned for the step once replan()
-    has measured when the gradients are ready; until then the step clocks them (readiness.py)."""
+    has measured when the gradients are ready; until then for an assumed backward pass
+    (planner.first_plan), while the step clocks them (readiness.py)."""
     links = context.links()
     threshold = options.fusion_threshold_bytes
     if links is None or comm.size == 1:
@@ -228,9 +229,12 @@ def _plan(options: TorusOptions, comm: Communicator, grid: TorusGrid, wire,
     key = (links, comm.size, comm.local_size, grid, engine, algorithm, threshold,
            options.pipeline_chunks, tuple(sizes), profile)
     if key not in _plans:
-        _plans[key] = planner.plan(comm.size, comm.local_size, sizes, links, engine, grid=grid,
-                                   threshold_bytes=threshold, algorithm=algorithm,
-                                   chunks=options.pipeline_chunks, profile=profile)
+        fixed = dict(grid=grid, threshold_bytes=threshold, algorithm=algorithm,
+                     chunks=options.pipeline_chunks)
+        _plans[key] = (planner.plan(comm.size, comm.local_size, sizes, links, engine,
+                                    profile=profile, **fixed) if profile is not None else
+                       planner.first_plan(comm.size, comm.local_size, sizes, links, engine,
+                                          **fixed))
         if comm.rank == 0:
             logger.info("%s", _plans[key].describe())
     p = _plans[key]
