@@ -32,7 +32,7 @@ import dataclasses
 import math
 import os
 import re
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from tftorus import cost_model as cm
 from tftorus.fusion import bucket_indices
@@ -56,14 +56,17 @@ ALGORITHMS = ("torus", "ring", "hierarchical")
 #: columns share the link anyway, one buffer was 3 % faster (docs/emulated_cluster.md).
 IN_TURN_MAX_BUCKET_BYTES = 16 * MIB
 LINKS_ENV = "TFTORUS_LINKS"
-#: Until the step's clocks exist (replan()), the first steps are planned for an assumed backward
-#: pass this many times as long as the all-reduce alone, its gradients' bytes ready at an even
-#: rate in reverse order (assumed_profile). Without any profile the planner would judge the
-#: all-reduce alone and pick one buffer, which hides nothing: measured 0.77 of Horovod's
-#: optimizer's step against 0.73 with 16 MiB buckets (emulated 2 x 2, FP16; docs/planner.md).
-#: 1.5: the simulator's first steps within 3 % of the best step in 79 of 96 rows (0.5: 22, 1: 49,
-#: 2: 76, no profile: 16; `python -m studies.planner_sweep`, docs/planner.md).
-ASSUMED_BACKWARD = 1.5
+#: Until the step's clocks exist (replan()), nothing says how long the backward pass is beside
+#: the all-reduce: short where the network binds, several times longer at scale on fast links.
+#: The first steps get the plan whose step is nearest the best in the worst of backward passes
+#: these many times as long as the fastest all-reduce alone (first_plan; gradients ready one
+#: tensor after the other in reverse order: assumed_profile). Judged by the all-reduce alone, the planner picked one
+#: buffer, which hides nothing: 0.77 of Horovod's optimizer's step against 0.73 with 16 MiB
+#: buckets (emulated 2 x 2, FP16); judged by one backward pass 1.5x the all-reduce, 45 small
+#: buckets where the step was the all-reduce (docs/planner.md).
+ASSUMED_BACKWARDS = (0.1, 0.3, 1.0, 3.0)
+#: The backward pass' share of the compute (forward + backward), to judge a step by its length.
+BACKWARD_SHARE = 2.0 / 3.0
 
 
 class PlanError(ValueError):
@@ -318,7 +321,8 @@ def plan(size: int, local_size: int, tensor_bytes: Sequence[Tuple[int, object]],
          links: Optional[Links], engine: Engine, *, grid: Optional[TorusGrid] = None,
          threshold_bytes: Optional[int] = None, algorithm: Optional[str] = None,
          chunks: Optional[int] = None, profile: Optional[StepProfile] = None,
-         grids: Optional[Sequence[TorusGrid]] = None, costs=None) -> Plan:
+         grids: Optional[Sequence[TorusGrid]] = None, costs=None,
+         score: Optional[Callable[[Plan], float]] = None) -> Plan:
     """The fastest plan the cost model predicts for these tensors on these links.
 
     tensor_bytes: (bytes, dtype) of each tensor, in the optimizer's order.
@@ -328,6 +332,7 @@ def plan(size: int, local_size: int, tensor_bytes: Sequence[Tuple[int, object]],
     links: measured (tftorus/link_probe.py) or given (Links.parse); without them tftorus keeps
       its fixed rules and does not call this (reduction.py).
     costs: what a bucket costs (default: ModelCosts of `links`); the studies pass simulated ones.
+    score: what the search minimizes (default: the exposed seconds; first_plan's regret).
     """
     if size < 1 or local_size < 1:
         raise PlanError(f"size and local_size must be >= 1, got {size} and {local_size}")
@@ -375,7 +380,7 @@ def plan(size: int, local_size: int, tensor_bytes: Sequence[Tuple[int, object]],
                 candidate = _costed(Plan(g, threshold, tuple(buckets), 0.0, 0.0, links),
                                     costs, engine, profile)
                 # simpler wins a tie: fewer buckets, fewer chunks, the grid plan_grid picks
-                key = (candidate.exposed_seconds, len(buckets), k,
+                key = (score(candidate) if score else candidate.exposed_seconds, len(buckets), k,
                        g != plan_grid(size, local_size))
                 if best is None or _better(key, best_key):
                     best, best_key = candidate, key
@@ -386,28 +391,38 @@ def plan(size: int, local_size: int, tensor_bytes: Sequence[Tuple[int, object]],
 def assumed_profile(tensor_bytes: Sequence[Tuple[int, object]],
                     backward_seconds: float) -> StepProfile:
     """The readiness assumed before the step is clocked: the backward pass hands the optimizer's
-    last tensors first, and its bytes come at an even rate (the true shape comes earlier for
-    ResNet-50, whose large late gradients cost few FLOPs: studies/step_profile.py, so this errs
-    towards fewer buckets)."""
-    total = max(1, sum(b for b, _ in tensor_bytes))
-    ready, done = [0.0] * len(tensor_bytes), 0
-    for i in reversed(range(len(tensor_bytes))):
-        done += tensor_bytes[i][0]
-        ready[i] = backward_seconds * done / total
+    last tensors first, one tensor as long as the next (in a CNN the late, large gradients come
+    first, as studies/step_profile.py's FLOPs say: bytes come early). Even bytes instead made
+    the simulator's first steps up to 16.6 % slower than the best, even tensors 10.5 %."""
+    n = len(tensor_bytes)
+    ready = [backward_seconds * (n - i) / n for i in range(n)]
     return StepProfile(tuple(ready), backward_seconds)
 
 
 def first_plan(size: int, local_size: int, tensor_bytes: Sequence[Tuple[int, object]],
-               links: Links, engine: Engine, **fixed) -> Plan:
-    """The plan for the steps before replan(): judged by the step an assumed backward pass
-    would give (ASSUMED_BACKWARD times the fastest all-reduce's time; assumed_profile)."""
-    alone = plan(size, local_size, tensor_bytes, links, engine, **fixed)
-    assumed = assumed_profile(tensor_bytes, ASSUMED_BACKWARD * alone.seconds)
-    p = plan(size, local_size, tensor_bytes, links, engine, profile=assumed, **fixed)
+               links: Links, engine: Engine, costs=None, **fixed) -> Plan:
+    """The plan for the steps before replan(): the least regret over assumed backward passes
+    (ASSUMED_BACKWARDS): per assumption the step (forward + backward + exposed) over the best
+    step any plan gives under it, the worst of those minimized."""
+    costs = costs or ModelCosts(links.cost_model(min(local_size, size)), min(local_size, size))
+    alone = plan(size, local_size, tensor_bytes, links, engine, costs=costs, **fixed)
+    assumed = [assumed_profile(tensor_bytes, f * alone.seconds) for f in ASSUMED_BACKWARDS]
+
+    def step(profile: StepProfile, exposed: float) -> float:
+        return profile.backward_seconds / BACKWARD_SHARE + exposed
+
+    best = [step(a, plan(size, local_size, tensor_bytes, links, engine, costs=costs,
+                         profile=a, **fixed).exposed_seconds) for a in assumed]
+
+    def regret(p: Plan) -> float:
+        return max(step(a, evaluate(p, costs, engine, a)[1]) / b for a, b in zip(assumed, best))
+
+    p = plan(size, local_size, tensor_bytes, links, engine, costs=costs, score=regret, **fixed)
     return dataclasses.replace(p, why=p.why.replace(
-        "judged by the step's exposed communication",
-        f"judged by an assumed backward pass of {assumed.backward_seconds * 1e3:.3g} ms until "
-        "replan() clocks the step"))
+        "judged by the all-reduce's time",
+        f"judged by its step against the best under backward passes of "
+        f"{ASSUMED_BACKWARDS[0]:g}-{ASSUMED_BACKWARDS[-1]:g}x the all-reduce (within "
+        f"{(regret(p) - 1) * 100:.0f} %) until replan() clocks the step"))
 
 
 def _costed(p: Plan, costs, engine: Engine, profile: Optional[StepProfile]) -> Plan:

@@ -172,6 +172,15 @@ def _reduce(options: TorusOptions, tensors: Sequence[tf.Tensor], op, compression
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     for i, t in enumerate(tensors):
         check_dtype(t, i)
+    # one unit, in order, where a TF1 session runs it (the tf engine: as_one_call)
+    return comm.as_one_call(
+        lambda ts: _reduce_checked(options, ts, op, compression, prescale_factor,
+                                   postscale_factor, comm, torus_grid, gradients),
+        tensors, [tf.TensorSpec(t.shape, t.dtype) for t in tensors])
+
+
+def _reduce_checked(options, tensors, op, compression, prescale_factor, postscale_factor, comm,
+                    torus_grid, gradients) -> List[tf.Tensor]:
     wire, ctxs = [], []
     for t in tensors:
         w, ctx = compression.compress(_scale(t, prescale_factor))
@@ -223,16 +232,17 @@ def _plan(options: TorusOptions, comm: Communicator, grid: TorusGrid, wire,
         max_bucket_bytes=comm.max_bucket_bytes,
         columns_in_turn=comm.columns_in_turn)
     algorithm = None if options.algorithm == algorithms.AUTO else options.algorithm
-    profile = _profiles.get(tuple(sizes))
-    if profile is None and tensors is not None and not tf.executing_eagerly():
+    step = tensors is not None  # a training step's gradients, else tensors all ready at once
+    profile = _profiles.get(tuple(sizes)) if step else None
+    if profile is None and step and not tf.executing_eagerly():
         readiness.clock_for(tuple(sizes), len(tensors)).instrument(tensors)
     key = (links, comm.size, comm.local_size, grid, engine, algorithm, threshold,
-           options.pipeline_chunks, tuple(sizes), profile)
+           options.pipeline_chunks, tuple(sizes), profile, step)
     if key not in _plans:
         fixed = dict(grid=grid, threshold_bytes=threshold, algorithm=algorithm,
                      chunks=options.pipeline_chunks)
         _plans[key] = (planner.plan(comm.size, comm.local_size, sizes, links, engine,
-                                    profile=profile, **fixed) if profile is not None else
+                                    profile=profile, **fixed) if profile or not step else
                        planner.first_plan(comm.size, comm.local_size, sizes, links, engine,
                                           **fixed))
         if comm.rank == 0:
