@@ -1,0 +1,247 @@
+"""Horovod 0.28.1's own TensorFlow test suite, run against `import tftorus as hvd`.
+
+    git clone --depth 1 --branch v0.28.1 https://github.com/horovod/horovod /tmp/horovod
+    .venv-current/bin/python -m studies.horovod_suite /tmp/horovod -np 2 4     # current stack
+    .venv/bin/python -m studies.horovod_suite /tmp/horovod -np 2               # classic stack
+    .venv-current/bin/python -m studies.horovod_suite /tmp/horovod -np 2 -k alltoall
+
+What a Horovod user moving to tftorus does: Horovod's test/parallel/test_tensorflow.py with one
+line changed, `import horovod.tensorflow as hvd` -> `import tftorus as hvd`. The suite's two
+imports of Horovod internals are given here instead of Horovod's (the test file is not changed
+otherwise): `_executing_eagerly` (TensorFlow's executing_eagerly, what Horovod's helper returns
+under TF 2) and test/utils/common.py's `mpi_env_rank_and_size` and `skip_or_fail_gpu_test`
+(written here from their documented behaviour: common.py itself imports Horovod's runner).
+
+The source is a Horovod checkout (or a git directory and --ref; the test files are not in
+Horovod's sdist and are not part of this repository). Each world size is one job: on the current
+stack `python -m tftorus.run -np N -m pytest ...` (the tf engine), on the classic stack
+`horovodrun --gloo -np N -H localhost:N python -m pytest ...` (Horovod's engine under tftorus'
+names: Horovod's own behaviour). Per world size it prints rank 0's passed / failed / skipped,
+then the failures grouped by their error's first line, and with --list every failed test.
+Exits 0 when every world size ran (failures are the output, not the status), 2 on bad input.
+"""
+import argparse
+import collections
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from typing import Dict, List, Optional, Sequence, Tuple
+
+TEST_FILES = ("test/parallel/test_tensorflow.py", "test/parallel/base_test_tensorflow.py")
+IMPORT_HVD = "import horovod.tensorflow as hvd"
+IMPORT_EAGER = "from horovod.tensorflow.util import _executing_eagerly"
+IMPORT_COMMON = "from common import mpi_env_rank_and_size, skip_or_fail_gpu_test"
+
+#: The two helpers of Horovod's test/utils/common.py the suite calls, from their behaviour:
+#: the rank and size an MPI launcher gives (None, None without one), and a skip where a test
+#: needs a GPU (a failure when the job says GPUs are there: HOROVOD_TEST_GPU).
+COMMON_PY = '''"""Written by studies/horovod_suite.py: what the suite needs of Horovod's common.py."""
+import os
+
+
+def mpi_env_rank_and_size():
+    for rank, size in (("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+                       ("PMI_RANK", "PMI_SIZE"), ("PMIX_RANK", "PMIX_SIZE")):
+        if rank in os.environ and size in os.environ:
+            return int(os.environ[rank]), int(os.environ[size])
+    return None, None
+
+
+def skip_or_fail_gpu_test(test, message):
+    if os.environ.get("HOROVOD_TEST_GPU"):
+        test.fail(message)
+    else:
+        test.skipTest(message)
+'''
+
+#: A conftest.py beside the suite: each rank writes its own JUnit XML (outcome and message of
+#: every test and subtest), rank from Horovod's or TF_CONFIG's environment.
+CONFTEST_PY = '''"""Written by studies/horovod_suite.py: one JUnit XML per rank."""
+import json
+import os
+
+
+def pytest_configure(config):
+    rank = os.environ.get("HOROVOD_RANK")
+    if rank is None:
+        rank = json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {}).get("index", 0)
+    config.option.xmlpath = os.path.join(os.path.dirname(__file__), f"rank{rank}.xml")
+'''
+
+
+def read_sources(source: str, ref: str) -> Dict[str, str]:
+    """The suite's files from a checkout, or from a git directory at `ref`."""
+    out = {}
+    for path in TEST_FILES:
+        on_disk = os.path.join(source, path)
+        if os.path.isfile(on_disk):
+            with open(on_disk) as f:
+                out[path] = f.read()
+            continue
+        shown = subprocess.run(["git", f"--git-dir={source}", "show", f"{ref}:{path}"],
+                               capture_output=True, text=True)
+        if shown.returncode != 0:
+            raise SystemExit(f"horovod_suite: {path} is neither in {source!r} nor in it as a git "
+                             f"directory at {ref!r}: give a Horovod 0.28.1 checkout (git clone "
+                             f"--branch v0.28.1 https://github.com/horovod/horovod)")
+        out[path] = shown.stdout
+    return out
+
+
+def adapt(text: str, path: str) -> str:
+    """The one line a user changes, and the internals given here (see the module docstring)."""
+    if os.path.basename(path) == "test_tensorflow.py":
+        if IMPORT_HVD not in text:
+            raise SystemExit(f"horovod_suite: {path} has no {IMPORT_HVD!r}: is it Horovod 0.28.1's?")
+        text = text.replace(IMPORT_HVD, "import tftorus as hvd", 1)
+    return text.replace(IMPORT_EAGER, "_executing_eagerly = tf.executing_eagerly")
+
+
+def prepare(sources: Dict[str, str], workdir: str) -> str:
+    for path, text in sources.items():
+        with open(os.path.join(workdir, os.path.basename(path)), "w") as f:
+            f.write(adapt(text, path))
+    for name, text in (("common.py", COMMON_PY), ("conftest.py", CONFTEST_PY)):
+        with open(os.path.join(workdir, name), "w") as f:
+            f.write(text)
+    return os.path.join(workdir, "test_tensorflow.py")
+
+
+def horovod_installed() -> bool:
+    import importlib.util
+    return importlib.util.find_spec("horovod") is not None
+
+
+def command(np: int, pytest_args: Sequence[str]) -> List[str]:
+    pytest = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfE", "--no-header",
+              "test_tensorflow.py", *pytest_args]
+    if horovod_installed():
+        runner = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+        return [runner, "--gloo", "-np", str(np), "-H", f"localhost:{np}", sys.executable,
+                *pytest]
+    return [sys.executable, "-m", "tftorus.run", "-np", str(np), *pytest]
+
+
+def outcomes(xml_path: str) -> Tuple[Dict[str, int], List[Tuple[str, str]]]:
+    """Counts per outcome and the failed tests with their error line, from a rank's JUnit XML
+    (a subtest -- graph or eager mode -- is its own entry)."""
+    import xml.etree.ElementTree as ET
+    counts: Dict[str, int] = collections.Counter()
+    failed = []
+    if not os.path.exists(xml_path):
+        return counts, failed
+    for case in ET.parse(xml_path).getroot().iter("testcase"):
+        bad = case.find("failure")
+        bad = bad if bad is not None else case.find("error")
+        if bad is not None:
+            counts["failed"] += 1
+            failed.append((case.get("name", "?"), error_line(bad)))
+        elif case.find("skipped") is not None:
+            counts["skipped"] += 1
+        else:
+            counts["passed"] += 1
+    return counts, failed
+
+
+def terminal_counts(output: str) -> Dict[str, int]:
+    """Rank 0's pytest summary line ("3 failed, 5 passed, 2 skipped, 4 subtests passed in 9s"):
+    the counts a user reads (a test whose graph and eager subtests both fail is one failure)."""
+    counts = {}
+    for line in output.splitlines():
+        m = re.match(r"^\[(?:1,)?0\](?:<stdout>:)? ?(?:=+ )?((?:\d+ [a-z ]+, )*\d+ [a-z ]+) in "
+                     r"[\d.]+s", line)
+        if m:
+            counts = {}
+            for part in m.group(1).split(", "):
+                n, what = part.split(" ", 1)
+                counts[what] = int(n)
+    return counts
+
+
+def error_line(element) -> str:
+    """The exception pytest marks 'E' (its first line), else the failure's message."""
+    for line in (element.text or "").splitlines():
+        if line.startswith("E ") and line[1:].strip():
+            return line[1:].strip()
+    return (element.get("message") or "").splitlines()[0] if element.get("message") else ""
+
+
+def reason_of(message: str) -> str:
+    """A failure's kind: its error line without module paths, numbers or node names."""
+    text = re.sub(r"\b(?:[a-z_]+\.)+(?=[A-Z])", "", message)  # tensorflow.python...X -> X
+    text = re.sub(r"\{\{.*", "", text)
+    return re.sub(r"\s+", " ", text).strip()[:120] or "(no message)"
+
+
+def run(source_files: Dict[str, str], np: int, pytest_args: Sequence[str], timeout: float,
+        keep: Optional[str]) -> Tuple[Dict[str, int], List[Tuple[str, str]], str]:
+    workdir = keep or tempfile.mkdtemp(prefix="horovod_suite_")
+    os.makedirs(workdir, exist_ok=True)
+    prepare(source_files, workdir)
+    env = dict(os.environ)
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (repo, env.get("PYTHONPATH")) if p)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env.setdefault("CUDA_VISIBLE_DEVICES", "")
+    # a test that leaves a peer waiting (an error raised on one rank only) ends in a timeout;
+    # TF then aborts every later collective of the job, so it should come soon
+    env.setdefault("TFTORUS_TF_TIMEOUT", "60")
+    try:
+        done = subprocess.run(command(np, pytest_args), cwd=workdir, env=env, timeout=timeout,
+                              capture_output=True, text=True)
+        output = done.stdout + done.stderr
+    except subprocess.TimeoutExpired as e:
+        output = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) \
+            else (e.stdout or "")
+        output += f"\nhorovod_suite: timed out after {timeout:.0f} s"
+    counts, failed = outcomes(os.path.join(workdir, "rank0.xml"))
+    counts = terminal_counts(output) or counts
+    if keep is None:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return counts, failed, output
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("source", help="a Horovod 0.28.1 checkout (or a git directory, with --ref)")
+    p.add_argument("--ref", default="v0.28.1", help="the git ref where source is a git directory")
+    p.add_argument("-np", nargs="+", type=int, default=[2], help="world sizes, one job each")
+    p.add_argument("-k", default=None, help="pytest's -k: only the tests it selects")
+    p.add_argument("--timeout", type=float, default=3600.0, help="seconds per world size")
+    p.add_argument("--list", action="store_true", help="print every failed test")
+    p.add_argument("--log", default=None, help="write each job's whole output to LOG.np<N>")
+    p.add_argument("--keep", default=None, help="prepare and run in this folder, kept")
+    args = p.parse_args(argv)
+    if any(n < 1 for n in args.np):
+        p.error("-np: world sizes must be >= 1")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    files = read_sources(args.source, args.ref)
+    stack = "classic (Horovod's engine)" if horovod_installed() else "current (the tf engine)"
+    pytest_args = ["-k", args.k] if args.k else []
+    for np in args.np:
+        counts, failed, output = run(files, np, pytest_args, args.timeout, args.keep)
+        if args.log:
+            with open(f"{args.log}.np{np}", "w") as f:
+                f.write(output)
+        total = ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) or "no summary"
+        print(f"## {np} ranks, {stack}: {total}")
+        if not counts:
+            print("\n".join(output.splitlines()[-30:]))
+        by_reason = collections.Counter(reason_of(m) for _, m in failed)
+        for reason, n in by_reason.most_common():
+            print(f"  {n:4d}  {reason}")
+        if args.list:
+            for name, message in failed:
+                print(f"  FAILED {name}: {reason_of(message)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
