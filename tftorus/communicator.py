@@ -6,7 +6,7 @@ so an algorithm never special-cases a 1 x N or N x 1 grid.
 """
 import abc
 import weakref
-from typing import Sequence, Tuple
+from typing import List, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -91,6 +91,14 @@ class Communicator(abc.ABC):
             return tensor
         return self._all_gather(tensor, group, equal_sizes)
 
+    def as_one_call(self, fn, tensors: Sequence[tf.Tensor],
+                    outputs: Sequence[tf.TensorSpec]) -> List[tf.Tensor]:
+        """`fn(tensors)`: tensors like `outputs`, made with this engine's collectives. An engine
+        whose ops a TF1 session cannot run as they are (the tf engine's) runs fn there as one
+        unit instead; Horovod's ops run anywhere, so here it is just the call."""
+        del outputs
+        return fn(list(tensors))
+
     def fuses_all_reduce(self, dtype: tf.DType, group: Group) -> bool:
         """Whether the engine itself fuses a sum of `dtype` over `group` with the others that are
         ready at the same time (Horovod's background thread packs whatever is ready in each cycle
@@ -170,16 +178,19 @@ class SumsInTurn:
     sums never wait for a column's); eagerly, ops already run in the order they are called."""
 
     def __init__(self):
-        self._last = weakref.WeakKeyDictionary()  # graph -> {group: the previous sum}
+        # graph -> {group: the previous sum's name}: a name, as a tensor would keep its graph
+        # (the key) alive for good
+        self._last = weakref.WeakKeyDictionary()
 
     def after_previous(self, group: Group, make_sum):
         if tf.executing_eagerly():
             return make_sum()
         graph = tf.compat.v1.get_default_graph()
         last = self._last.setdefault(graph, {})
-        with tf.control_dependencies([last[group]] if group in last else []):
+        before = [graph.get_tensor_by_name(last[group])] if group in last else []
+        with tf.control_dependencies(before):
             total = make_sum()
-        last[group] = total
+        last[group] = total.name
         return total
 
 

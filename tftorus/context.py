@@ -20,9 +20,10 @@ import os
 import time
 from typing import Iterable, List, NamedTuple, Optional, Tuple
 
+import numpy as np
 import tensorflow as tf
 
-from tftorus import planner, stack
+from tftorus import planner, stack, tf1_graphs
 from tftorus.communicator import Communicator
 from tftorus.grid import (GridError, GridSpec, TorusGrid, divisors, hierarchical_grid,
                           resolve_grid)
@@ -317,13 +318,19 @@ def world_guard(size: int, grid: TorusGrid):
     global _generation_variable
     if not is_elastic():
         return None
-    if _generation_variable is None:
-        with tf.init_scope():  # made eagerly, once, even when first asked for inside a trace
-            _generation_variable = tf.Variable(_generation, dtype=tf.int64, trainable=False,
-                                               name="tftorus_world_generation")
+    if tf1_graphs.lifted_graph() is not None:
+        # a TF1 graph's session cannot read the eager variable below (tftorus/tf1_graphs.py)
+        now = tf.numpy_function(lambda: np.int64(_generation), [], tf.int64)
+    else:
+        if _generation_variable is None:
+            with tf.init_scope():  # made eagerly, once, even when first asked for in a trace
+                _generation_variable = tf.Variable(_generation, dtype=tf.int64,
+                                                   trainable=False,
+                                                   name="tftorus_world_generation")
+        now = _generation_variable
     traced = _generation
     return tf.debugging.assert_equal(
-        _generation_variable, tf.constant(traced, tf.int64),
+        now, tf.constant(traced, tf.int64),
         message=f"tftorus: this step was traced for world {traced} ({size} ranks, "
                 f"a {grid} torus), but the world has re-formed since (elastic reset); a "
                 f"traced step cannot follow it. Create the tf.function inside the function "

@@ -22,6 +22,8 @@ from typing import Dict, Optional, Sequence, Tuple
 import numpy as np
 import tensorflow as tf
 
+from tftorus import tf1_graphs
+
 
 @tf.function(autograph=False)
 def _stamp(clock, index, probe):
@@ -61,10 +63,22 @@ class Clock:
         return (stamps - stamps.min() if steps else np.zeros_like(stamps)), steps
 
 
+class _Unclocked:
+    """A TF1 graph's step (tftorus/tf1_graphs.py): its session could not use the clocks'
+    eager variables, and replan() reads them eagerly; it keeps the first plan."""
+
+    def instrument(self, tensors: Sequence[tf.Tensor]) -> None:
+        del tensors
+
+
 _clocks: Dict[tuple, Clock] = {}
 
 
-def clock_for(key: tuple, count: int) -> Clock:
+def clock_for(key: tuple, count: int):
+    """The gradient set's Clock (made once, eagerly), or one that clocks nothing in a TF1
+    graph."""
+    if tf1_graphs.lifted_graph() is not None:
+        return _Unclocked()
     if key not in _clocks:
         _clocks[key] = Clock(count)
     return _clocks[key]

@@ -27,6 +27,12 @@ Ordering tokens: one resource variable per group; TF's automatic control depende
 group's collectives in program order on every member (tf.distribute does the same), so two
 members never wait for each other's different collective.
 
+TF1 graphs (`with tf.Graph().as_default():` and a tf.compat.v1.Session): such a session runs on
+this process' devices alone, with a collective executor that reaches no peer, and objects made
+for a TF1 graph are unusable anywhere else (tftorus/tf1_graphs.py). There each call (a whole
+reduction, or one primitive) becomes one py_function that runs its collectives eagerly on the
+cluster's runtime when the session runs it (`as_one_call`).
+
 Reduce-scatter: CollectiveReduceScatterV2 has only a NCCL (GPU) implementation in TF 2.15 (on a
 CPU: "CollectiveRegistry::Lookup did not find collective implementation undef"). On CPUs the
 row phase is an all-to-all plus a local FP32 sum: the same bytes as a reduce-scatter, never an
@@ -68,9 +74,9 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.framework import errors
 from tensorflow.python.framework import ops
-from tensorflow.python.ops import collective_ops, gen_collective_ops
+from tensorflow.python.ops import collective_ops, gen_collective_ops, resource_variable_ops
 
-from tftorus import peer_health
+from tftorus import peer_health, tf1_graphs
 from tftorus.communicator import Communicator, Group, choose_reduce_scatter, sum_in_fp32
 from tftorus.tf_cluster import Cluster
 
@@ -172,6 +178,8 @@ class TFCollectiveCommunicator(Communicator):
         self._instance_keys: Dict[Group, Dict[tuple, int]] = {}
         self._used_instance_keys: Dict[Group, set] = {}
         self._tokens: Dict[Group, tf.Variable] = {}
+        self._session_calls = tf1_graphs.SessionCalls()
+        self._session_call = threading.local()  # the TF1 call this thread runs (as_one_call)
         self._trace_counts = weakref.WeakKeyDictionary()  # graph -> {signature: calls so far}
         canonical = sorted({tuple(sorted(g)) for g in groups} | {self.all_ranks()},
                            key=lambda g: (len(g), g))
@@ -242,7 +250,8 @@ class TFCollectiveCommunicator(Communicator):
     def instance_key(self, group: Group, signature: tuple, span: int = 1) -> int:
         """A key (or the first of `span` consecutive keys) for this collective in `group`."""
         with self._lock:
-            signature = signature + (self._signature_count((group,) + signature),)
+            signature = (signature + (self._signature_count((group,) + signature),)
+                         + self._session_salt())
             keys = self._instance_keys.setdefault(group, {})
             used = self._used_instance_keys.setdefault(group, set())
             if signature not in keys:
@@ -253,13 +262,52 @@ class TFCollectiveCommunicator(Communicator):
                 used.update(range(key, key + span))
             return keys[signature]
 
+    def _session_salt(self) -> tuple:
+        """Inside a TF1 session's call (`as_one_call`), the call's number in its graph: two
+        calls a session runs at once then never share an instance key."""
+        call = getattr(self._session_call, "number", None)
+        return () if call is None else ("session call", call)
+
     def _token(self, group: Group):
+        """The group's ordering token. Collectives are built only where init_scope lifts to
+        eager execution (a TF1 graph's go through `as_one_call`), so one resource variable per
+        group serves eager code and every tf.function."""
         with self._lock:
             if group not in self._tokens:
                 with ops.init_scope(), tf.device(self._device):
-                    self._tokens[group] = tf.Variable(0.0, trainable=False,
-                                                      name=f"tftorus_order_{len(self._tokens)}")
+                    # not tf.Variable: a distribution strategy's variable creator would
+                    # make it a strategy's variable
+                    self._tokens[group] = resource_variable_ops.ResourceVariable(
+                        0.0, trainable=False, name=f"tftorus_order_{len(self._tokens)}")
             return self._tokens[group].handle
+
+    # -- TF1 graphs -------------------------------------------------------------------------
+
+    def as_one_call(self, fn, tensors, outputs):
+        """In a TF1 graph, `fn`'s collectives as one py_function that runs them eagerly, on the
+        cluster's runtime, when the session runs it (tftorus/tf1_graphs.py says why and in
+        which order). The call's number in its graph goes into its instance keys
+        (`_session_salt`), so calls a session runs at the same time never share one. Elsewhere
+        (and for no outputs: each primitive is then a call of its own): fn(tensors)."""
+        graph = tf1_graphs.lifted_graph()
+        if graph is None or not outputs:
+            return fn(list(tensors))
+
+        def salted(number, values):
+            self._session_call.number = number
+            try:
+                return fn(values)
+            finally:
+                self._session_call.number = None
+        return self._session_calls.call(graph, salted, tensors, outputs)
+
+    def _in_session_graph(self, primitive, tensor, shape):
+        """One primitive as its own `as_one_call` in a TF1 graph, else None."""
+        if tf1_graphs.lifted_graph() is None:
+            return None
+        tensor = tf.convert_to_tensor(tensor)
+        return self.as_one_call(lambda values: [primitive(values[0])], [tensor],
+                                [tf.TensorSpec(shape, tensor.dtype)])[0]
 
     # -- the three primitives ---------------------------------------------------------------
 
@@ -283,6 +331,11 @@ class TFCollectiveCommunicator(Communicator):
     def _reduce_scatter(self, tensor, group):
         tensor = tf.convert_to_tensor(tensor)
         n = len(group)
+        shard = None if tensor.shape[0] is None else tensor.shape[0] // n
+        in_session = self._in_session_graph(lambda t: self._reduce_scatter(t, group), tensor,
+                                            [shard])
+        if in_session is not None:
+            return in_session
         _static_shape(tensor, "reduce-scatter")
         if tensor.shape.num_elements() == 0:
             return tensor
@@ -313,6 +366,10 @@ class TFCollectiveCommunicator(Communicator):
 
     def _all_reduce(self, tensor, group, op):
         tensor = tf.convert_to_tensor(tensor)
+        in_session = self._in_session_graph(lambda t: self._all_reduce(t, group, op), tensor,
+                                            tensor.shape)
+        if in_session is not None:
+            return in_session
         _static_shape(tensor, "all-reduce")
         if tensor.shape.num_elements() == 0:
             return tensor
@@ -337,6 +394,11 @@ class TFCollectiveCommunicator(Communicator):
         if tensor.dtype not in _MOVE_DTYPES:
             raise TypeError(f"the tf engine's all-gather takes {[d.name for d in _MOVE_DTYPES]} "
                             f"and bfloat16, not {tensor.dtype.name}")
+        rows = len(group) * tensor.shape[0] if equal_sizes and tensor.shape[0] else None
+        in_session = self._in_session_graph(lambda t: self._all_gather(t, group, equal_sizes),
+                                            tensor, tf.TensorShape([rows]) + tensor.shape[1:])
+        if in_session is not None:
+            return in_session
         if equal_sizes:
             return self._gather_equal(tensor, group)
         return self._gather_sizes_differ(tensor, group)

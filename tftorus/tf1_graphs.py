@@ -1,0 +1,85 @@
+"""TF1 graphs: where `tf.init_scope()` lifts to, and how the tf engine's calls run in a session.
+
+Code builds collectives in one of two homes. Eager code and every tf.function called from it
+share eager execution: init_scope lifts their variables out to eager, TF's runtime knows the
+cluster, and the tf engine's ordering tokens and the step's clocks are made there once. A TF1
+graph (`with tf.Graph().as_default():` with a tf.compat.v1.Session, tf.test's `test_session`,
+and tf.functions called inside it) is a home of its own, and nothing crosses between the two:
+a variable made under init_scope in a TF1 graph fails anywhere else ("... is out of scope and
+cannot be used here"), an eager one fails inside the graph ("Attempting to capture an
+EagerTensor without building a function"), and a session without a target runs on this
+process' devices only, with a collective executor that reaches no peer.
+
+So where `lifted_graph()` names a TF1 graph, the tf engine makes each call (a whole reduction,
+or one primitive) one py_function (`SessionCalls`) that runs its collectives eagerly, on the
+cluster's runtime, when the session runs it; the step's clocks are off there (readiness.py) and
+an elastic world's generation is read from Python (context.world_guard). Nothing made for a TF1
+graph is kept beyond it: what must be found again per graph is kept as plain values in a
+WeakKeyDictionary keyed by the graph (a tensor or variable there would keep its graph alive).
+
+A py_function holds one of the session's inter-op threads (as many as cores) until every rank
+has joined its collectives. Calls a run starts in a different order on different ranks could
+then hold every thread of each rank while waiting for calls the other rank has no thread left
+to start. So calls built one after the other, with no session run of theirs in between, run in
+the order they were built (the later one carries a control dependency on the earlier one): a
+graph built whole and then run step after step runs its calls in turn, on every rank alike.
+A call built after the previous one ran (build an op, run it, build the next, as Horovod's
+tests do) depends on nothing, and a run of it runs only it.
+"""
+import weakref
+from typing import Callable, List, Optional, Sequence
+
+import tensorflow as tf
+from tensorflow.python.framework import ops
+
+
+def lifted_graph() -> Optional[tf.Graph]:
+    """The TF1 graph `tf.init_scope()` lifts to from here, or None where it lifts to eager
+    execution (eager code, and tf.functions called from it)."""
+    with ops.init_scope():
+        return None if tf.executing_eagerly() else ops.get_default_graph()
+
+
+class SessionCalls:
+    """The calls built in TF1 graphs: each one's number in its graph (every rank that builds
+    the same graph numbers them alike), and the order of those built since the last run."""
+
+    def __init__(self):
+        self._graphs = weakref.WeakKeyDictionary()  # graph -> _Calls
+
+    def call(self, graph: tf.Graph, fn: Callable[[int, List[tf.Tensor]], List[tf.Tensor]],
+             tensors: Sequence[tf.Tensor], outputs: Sequence[tf.TensorSpec]) -> List[tf.Tensor]:
+        """`fn(number, eager tensors)` as one py_function of `graph`, giving tensors like
+        `outputs`; `number` is the call's number in the graph."""
+        calls = self._graphs.setdefault(graph, _Calls())
+        number, after = calls.add()
+        here = ops.get_default_graph() is graph  # not in a tf.function (ordered there already)
+        before = [graph.get_operation_by_name(after)] if here and after else []
+
+        def run_eagerly(*values):
+            calls.ran.add(number)
+            return fn(number, list(values))
+        with tf.control_dependencies(before):
+            results = tf.py_function(run_eagerly, list(tensors), [o.dtype for o in outputs])
+        for result, spec in zip(results, outputs):
+            result.set_shape(spec.shape)
+        if here:
+            calls.last = (number, results[0].op.name)
+        return results
+
+
+class _Calls:
+    """One graph's calls: how many so far, the last one built in the graph itself (number, op
+    name) and the numbers of those a session has run."""
+
+    def __init__(self):
+        self.count = 0
+        self.last = None
+        self.ran = set()
+
+    def add(self):
+        """(this call's number, the op it must follow, or None)."""
+        number, self.count = self.count, self.count + 1
+        if self.last is None or self.last[0] in self.ran:
+            return number, None
+        return number, self.last[1]
