@@ -9,6 +9,7 @@ others long before the collective timeout and exits 3); Ctrl-C to the launcher; 
 given srun's variables, and mpirun's (one host with fixed ports, and "across hosts" through the
 rendezvous).
 """
+import json
 import os
 import re
 import signal
@@ -17,6 +18,7 @@ import sys
 import tempfile
 import threading
 import time
+import unittest
 from unittest import mock
 
 import tensorflow as tf
@@ -266,7 +268,6 @@ class LauncherArgumentsTest(tf.test.TestCase):
         self.assertEqual((opts.port, program), (9000, [WORKER]))
 
     def test_tf_config(self):
-        import json
         configs = [json.loads(c) for c in launcher.tf_configs([5001, 5002])]
         self.assertEqual([c["task"] for c in configs],
                          [{"type": "worker", "index": 0}, {"type": "worker", "index": 1}])
@@ -286,6 +287,88 @@ class LauncherArgumentsTest(tf.test.TestCase):
                 launcher.parse(argv)
             self.assertEqual(caught.exception.code, 2)
             self.assertIn(message, "".join(c.args[0] for c in err.write.call_args_list))
+
+
+# hosts "a:4,b:4,c:2" as horovodrun lays them out: rank r on HOSTS[r]
+HOSTS = ["a"] * 4 + ["b"] * 4 + ["c"] * 2
+#: each rank's (local rank, local size, cross rank, cross size) there, by hand: the cross
+#: communicator of local rank 2 or 3 has the two hosts with that many slots
+LAYOUT = [(0, 4, 0, 3), (1, 4, 0, 3), (2, 4, 0, 2), (3, 4, 0, 2), (0, 4, 1, 3), (1, 4, 1, 3),
+          (2, 4, 1, 2), (3, 4, 1, 2), (0, 2, 2, 3), (1, 2, 2, 3)]
+
+
+def horovod_values(host, rank, size, local_rank, local_size, cross_rank, cross_size):
+    return {"HOROVOD_HOSTNAME": host, "HOROVOD_RANK": str(rank), "HOROVOD_SIZE": str(size),
+            "HOROVOD_LOCAL_RANK": str(local_rank), "HOROVOD_LOCAL_SIZE": str(local_size),
+            "HOROVOD_CROSS_RANK": str(cross_rank), "HOROVOD_CROSS_SIZE": str(cross_size)}
+
+
+class HorovodVariablesTest(tf.test.TestCase):
+    """The HOROVOD_* variables horovodrun gives, as tftorus.run and the tf engine's init give
+    them (tftorus.run.horovod_variables, tftorus.tf_cluster.horovod_variables)."""
+
+    def test_hosts_of_unequal_slots(self):
+        for rank, (host, layout) in enumerate(zip(HOSTS, LAYOUT)):
+            self.assertEqual(launcher.horovod_variables(HOSTS, rank),
+                             horovod_values(host, rank, len(HOSTS), *layout))
+
+    @unittest.skipUnless(harness.HOROVOD, "horovodrun's own values: the classic stack")
+    def test_as_horovodrun_gives_them(self):
+        from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
+        from horovod.runner.gloo_run import create_slot_env_vars
+        for spec in ("a:4,b:4,c:2", "a:1,b:3,c:2", "localhost:3", "a:2,b:2"):
+            slots = get_host_assignments(parse_hosts(spec), sum(
+                int(h.split(":")[1]) for h in spec.split(",")))
+            hosts = [slot.hostname for slot in slots]
+            for slot in slots:
+                with self.subTest(spec=spec, rank=slot.rank):
+                    self.assertEqual(launcher.horovod_variables(hosts, slot.rank),
+                                     create_slot_env_vars(slot))
+
+    def test_hosts_taken_in_turn(self):
+        # a TF_CONFIG may interleave hosts: local ranks count per host, cross in rank order
+        got = [launcher.horovod_variables(["a", "b", "a", "b"], r) for r in range(4)]
+        self.assertEqual([(g["HOROVOD_LOCAL_RANK"], g["HOROVOD_CROSS_RANK"]) for g in got],
+                         [("0", "0"), ("0", "1"), ("1", "0"), ("1", "1")])
+
+    def test_from_srun_and_mpirun_clusters(self):
+        c = discover(**srun(9))  # node[01-02] with 4 tasks each, gpu-a3 with 2
+        self.assertEqual(tf_cluster.horovod_variables(c),
+                         horovod_values("gpu-a3", 9, 10, *LAYOUT[9]))
+        # loopback is horovodrun's "localhost"
+        c = discover(**mpirun(1, 3, 1, 3), TFTORUS_TF_PORT=7000)
+        self.assertEqual(tf_cluster.horovod_variables(c),
+                         horovod_values("localhost", 1, 3, 1, 3, 0, 1))
+        # mpirun's own local ranks win over one address for every "host"
+        c = tf_cluster.Cluster(("127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3", "127.0.0.1:4"),
+                               3, 1, 2, "mpirun", 60.0)
+        self.assertEqual(tf_cluster.horovod_variables(c),
+                         horovod_values("localhost", 3, 4, 1, 2, 1, 2))
+
+    def test_init_sets_only_what_is_absent(self):
+        c = discover(**srun(5))
+        with _environment({"HOROVOD_CROSS_SIZE": "7"}):
+            tf_cluster.publish_horovod_variables(c)
+            self.assertEqual({k: v for k, v in os.environ.items() if k.startswith("HOROVOD_")},
+                             {**horovod_values("node02", 5, 10, *LAYOUT[5]),
+                              "HOROVOD_CROSS_SIZE": "7"})
+        single = discover()
+        with _environment({}):
+            tf_cluster.publish_horovod_variables(single)  # no launcher: horovodrun gives none
+            self.assertFalse([k for k in os.environ if k.startswith("HOROVOD_")])
+
+    @unittest.skipUnless(harness.HOROVOD, "Horovod's engine: the classic stack")
+    def test_horovods_engine_refuses_them_without_horovodrun(self):
+        # a script under tftorus.run (or one started after a tf-engine init) has HOROVOD_RANK
+        # but no rendezvous: Horovod would wait 30 s for it and abort
+        from tftorus import context
+        if context.is_initialized() or context.horovod_running():
+            self.skipTest("Horovod already runs in this process")
+        with _environment({"HOROVOD_RANK": "1", "HOROVOD_SIZE": "2"}), \
+                self.assertRaisesRegex(RuntimeError, r"^HOROVOD_RANK is set but horovodrun did "
+                                                     r"not start this process .* use "
+                                                     r"engine='tf'"):
+            context.init(engine="horovod")
 
 
 # -- real processes ------------------------------------------------------------------------
@@ -314,6 +397,24 @@ class LocalLauncherTest(tf.test.TestCase):
                                             rf"of 3 workers 127\.0\.0\.1:\d+,127\.0\.0\.1:\d+,")
         # the launcher's own lines (its import of tftorus) may be bare; no rank's line is
         self.assertNotRegex(result.output, r"(?m)^(rank \d of 3|Traceback)")
+
+    def test_every_rank_gets_horovodruns_variables_and_a_users_is_kept(self):
+        worker = harness.worker("horovod_variables.py")
+        clear = {**_CLEAR, **{k: None for k in os.environ if k.startswith("HOROVOD_")}}
+        result = harness.run(["-m", "tftorus.run", "-np", "3", worker], timeout=60, env=clear)
+        self.assertEqual(result.returncode, 0, harness.describe(result))
+        for r in range(3):
+            self.assertIn(f"[{r}] HOROVOD_VARIABLES " + json.dumps(dict(sorted(horovod_values(
+                "localhost", r, 3, r, 3, 0, 1).items()))), result.output)
+        result = harness.run(["-m", "tftorus.run", "-np", "2", worker], timeout=60,
+                             env={**clear, "HOROVOD_HOSTNAME": "mine"})
+        self.assertEqual(result.returncode, 0, harness.describe(result))
+        for r in range(2):
+            self.assertIn(f"[{r}] HOROVOD_VARIABLES " + json.dumps(dict(sorted({
+                **horovod_values("localhost", r, 2, r, 2, 0, 1),
+                "HOROVOD_HOSTNAME": "mine"}.items()))), result.output)
+        self.assertIn("[tftorus.run] HOROVOD_HOSTNAME set in the environment: every rank gets "
+                      "that value", result.output)
 
     def test_the_launcher_imports_no_tensorflow(self):
         # its ranks do; TensorFlow in the launcher cost each job 2.5-3.8 s of CPU and held a

@@ -141,6 +141,7 @@ def init(grid: GridSpec = None, extra_grids: Iterable[GridSpec] = (),
                 "the torus' own sets for every new world)")
         hvd.init()  # the size comes from the elastic rendezvous
         return _start_elastic(_Asked(grid, extra_grids, reduce_scatter_impl))
+    _check_horovod_launch()
     size = _env_int(_SIZE_VARS)
     local_size = _env_int(_LOCAL_SIZE_VARS) or size
     if size is None and os.environ.get("HOROVOD_RANK") is None and not user_sets:
@@ -160,6 +161,20 @@ def init(grid: GridSpec = None, extra_grids: Iterable[GridSpec] = (),
     _log_grid()
     _plan_links(grid_given=grid is not None)
     return _state
+
+
+def _check_horovod_launch() -> None:
+    """HOROVOD_RANK without horovodrun's rendezvous or an MPI launcher (tftorus.run and the tf
+    engine's init set it for scripts that read it): Horovod would wait for a rendezvous that
+    never comes and abort after 30 s. Say so at once."""
+    env = os.environ
+    if env.get("HOROVOD_RANK", "").strip() and not env.get("HOROVOD_GLOO_RENDEZVOUS_ADDR") \
+            and not any(env.get(v) for v in ("OMPI_COMM_WORLD_RANK", "PMI_RANK")):
+        raise RuntimeError(
+            "HOROVOD_RANK is set but horovodrun did not start this process (no "
+            "HOROVOD_GLOO_RENDEZVOUS_ADDR), so Horovod's engine has no world to join: launch "
+            "with horovodrun, or use engine='tf' (python -m tftorus.run, TF_CONFIG, srun and "
+            "mpirun set HOROVOD_* for scripts only)")
 
 
 def _check_engine_args(engine, process_sets, collective_timeout, tf_host, tf_port):

@@ -3,11 +3,13 @@
 Like torchrun's standalone mode, for one machine: it picks N free ports on loopback, starts N
 processes of this Python running the script (or `-m module`) with its arguments, each with a
 TF_CONFIG naming all N (rank = task index), so `tftorus.init(engine="tf")` (or
-`tftorus.tf_cluster.bootstrap()`) finds the cluster. Every output line of a rank is prefixed
-with `[rank] ` (stdout to stdout, stderr to stderr, each stream in its order). When a rank exits
-non-zero the launcher ends the others (SIGTERM, then SIGKILL after the grace period) and exits
-with that rank's status (128 + N for a signal N), naming it. Ctrl-C or SIGTERM to the launcher
-is passed to every rank, with the same grace period.
+`tftorus.tf_cluster.bootstrap()`) finds the cluster, and the HOROVOD_* variables horovodrun gives
+(HOROVOD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE, _CROSS_RANK, _CROSS_SIZE, _HOSTNAME) unless the
+user set them. Every output line of a rank is prefixed with `[rank] ` (stdout to stdout, stderr
+to stderr, each stream in its order). When a rank exits non-zero the launcher ends the others
+(SIGTERM, then SIGKILL after the grace period) and exits with that rank's status (128 + N for a
+signal N), naming it. Ctrl-C or SIGTERM to the launcher is passed to every rank, with the same
+grace period.
 
 There is no multi-host mode: on a cluster the scheduler starts the processes (srun, mpirun, a
 Kubernetes TFJob's TF_CONFIG; see docs/launching.md). Standard library only, so it runs without
@@ -22,7 +24,7 @@ import socket
 import subprocess
 import sys
 import time
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 NAME = "tftorus.run"
 DEFAULT_GRACE_SECONDS = 10.0
@@ -40,7 +42,9 @@ def _parser() -> argparse.ArgumentParser:
             "Start N processes of a tftorus tf-engine job on this machine, like torchrun's\n"
             "standalone mode. Each runs this Python on the script (or -m module) with the\n"
             "arguments after it, and a TF_CONFIG naming every rank at 127.0.0.1:<port>\n"
-            "(rank = task index), which tftorus.init(engine='tf') reads. Output lines are\n"
+            "(rank = task index), which tftorus.init(engine='tf') reads, and the HOROVOD_*\n"
+            "variables horovodrun gives (HOROVOD_RANK, _SIZE, _LOCAL_RANK, ...; one set in\n"
+            "the launcher's environment is kept for every rank). Output lines are\n"
             "prefixed with '[rank] ' (stdout to stdout, stderr to stderr). When a rank exits\n"
             "non-zero the others get SIGTERM, then SIGKILL after --grace seconds, and the\n"
             "launcher exits with that rank's status (128+N for signal N). Ctrl-C or SIGTERM to\n"
@@ -113,6 +117,25 @@ def tf_configs(ports: Sequence[int]) -> List[str]:
             for i in range(len(ports))]
 
 
+#: What horovodrun (Gloo) puts in each rank's environment (Horovod 0.28.1's
+#: runner/gloo_run.py), for scripts that read them rather than ask hvd.rank().
+HOROVOD_VARIABLES = ("HOROVOD_HOSTNAME", "HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK",
+                     "HOROVOD_LOCAL_SIZE", "HOROVOD_CROSS_RANK", "HOROVOD_CROSS_SIZE")
+
+
+def horovod_variables(hosts: Sequence[str], rank: int) -> Dict[str, str]:
+    """horovodrun's variables for `rank` where rank r runs on hosts[r]. Local: its place and
+    count among its host's ranks. Cross: Horovod's cross communicator, the ranks of the same
+    local rank (one per host that has that many ranks), in rank order, which is horovodrun's
+    host order, as it numbers ranks host by host."""
+    host = hosts[rank]
+    local_of = [hosts[:r].count(h) for r, h in enumerate(hosts)]
+    cross = [r for r, local in enumerate(local_of) if local == local_of[rank]]
+    values = (host, rank, len(hosts), local_of[rank], hosts.count(host), cross.index(rank),
+              len(cross))
+    return {name: str(value) for name, value in zip(HOROVOD_VARIABLES, values)}
+
+
 def _die_with_parent() -> None:
     """In the child before exec (Linux): SIGKILL when the launcher dies, even by SIGKILL."""
     try:
@@ -150,11 +173,17 @@ class Job:
         self.stop_deadline: Optional[float] = None
 
     def start(self, program: Sequence[str], ports: Sequence[int]) -> None:
-        """One process per port, rank = its index."""
+        """One process per port, rank = its index, with horovodrun's HOROVOD_* variables (one
+        host, "localhost" as horovodrun names it by default) where the user has not set them."""
         base_env = dict(os.environ)
         base_env.setdefault("PYTHONUNBUFFERED", "1")  # lines as they are printed
+        kept = [name for name in HOROVOD_VARIABLES if name in base_env]
+        if kept:
+            self.say(f"{', '.join(kept)} set in the environment: every rank gets that value "
+                     f"(unset it to have each rank's own)")
+        hosts = ["localhost"] * len(ports)
         for rank, config in enumerate(tf_configs(ports)):
-            env = {**base_env, "TF_CONFIG": config}
+            env = {**horovod_variables(hosts, rank), **base_env, "TF_CONFIG": config}
             proc = subprocess.Popen([sys.executable, *program], env=env, stdin=subprocess.DEVNULL,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     start_new_session=True, preexec_fn=_die_with_parent)

@@ -52,7 +52,9 @@ import os
 import re
 import socket
 import time
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
+
+from tftorus import run  # the launcher's HOROVOD_* variables (standard library only)
 
 logger = logging.getLogger(__name__)
 
@@ -610,9 +612,44 @@ def bootstrap(host: Optional[str] = None, port: Optional[int] = None,
     if cluster.size > 1:
         _start_server(cluster)
     _cluster = cluster
+    publish_horovod_variables(cluster)
     logger.info("tftorus tf engine: rank %d of %d (%s), servers %s", cluster.rank, cluster.size,
                 cluster.source, ",".join(cluster.workers))
     return cluster
+
+
+def horovod_variables(cluster: Cluster) -> Dict[str, str]:
+    """horovodrun's HOROVOD_* values for this rank (tftorus.run.horovod_variables): each rank's
+    host from its address, loopback names as one host, "localhost" (horovodrun's name for it).
+    Where that disagrees with the launcher's own local rank or size (mpirun across "hosts" that
+    share one TFTORUS_TF_HOST), the launcher's wins: hosts of local_size ranks each, in rank
+    order (Open MPI's default mapping)."""
+    hosts = [_split(w)[0] for w in cluster.workers]
+    hosts = ["localhost" if h in _LOOPBACK_NAMES else h for h in hosts]
+    values = run.horovod_variables(hosts, cluster.rank)
+    if (int(values["HOROVOD_LOCAL_RANK"]), int(values["HOROVOD_LOCAL_SIZE"])) != \
+            (cluster.local_rank, cluster.local_size):
+        blocks = [f"host{r // cluster.local_size}" for r in range(cluster.size)]
+        values = {**run.horovod_variables(blocks, cluster.rank),
+                  "HOROVOD_HOSTNAME": hosts[cluster.rank]}
+    return values
+
+
+def publish_horovod_variables(cluster: Cluster) -> None:
+    """Put horovodrun's HOROVOD_* variables into os.environ where they are absent, when a
+    process that srun, mpirun or a TF_CONFIG started (no tftorus.run, no horovodrun, which set
+    them for their children) joins its cluster at init.
+
+    Why: scripts written for horovodrun read them (os.environ["HOROVOD_RANK"] to name a log
+    file, pick a data shard, or only let rank 0 write), and such a script should run unchanged
+    whatever started it. They can only appear at init, which finds the cluster, so a script
+    sees them from tftorus.init() on, as its subprocesses do. A value already there (the user's,
+    a launcher's) is kept. A process started alone gets none (horovodrun gives none there
+    either)."""
+    if cluster.source in ("single", "horovodrun"):
+        return
+    for name, value in horovod_variables(cluster).items():
+        os.environ.setdefault(name, value)
 
 
 def _start_server(cluster: Cluster) -> None:

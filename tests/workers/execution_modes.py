@@ -10,14 +10,20 @@ all-gather of sizes that differ per rank, a broadcast, an FP16 sum, a tf.functio
 the graph, DistributedGradientTape, a torus reduction of several buckets, the engine's
 primitives), twice, and leaves no variable of tftorus' behind in it. A call built after the
 last one ran is run alone. A graph of the engine's calls is freed once the user drops it.
+
+Also (the TF_CONFIG path of issue 48): horovodrun's HOROVOD_* variables are in os.environ after
+`init()`, with this rank's values, and a value the launch set is kept.
 Prints "execution modes: N checks, M failed"; exits 1 on any failure.
 """
 import gc
+import json
+import os
 import weakref
 
 import numpy as np
 
-import tftorus as hvd
+given = {k: v for k, v in os.environ.items() if k.startswith("HOROVOD_")}
+import tftorus as hvd  # noqa: E402
 
 hvd.init()
 import tensorflow as tf  # noqa: E402  (after init: TF joins its cluster when its runtime starts)
@@ -170,5 +176,15 @@ summed, _ = first_function(tf.constant(of(RANK, 32)))
 check("first tf.function again, new values", summed, total(32))
 run_in_a_session("second TF1 graph")
 eager("after a second TF1 graph")
+
+# horovodrun's variables, set by init() on a TF_CONFIG cluster (127.0.0.1 for every rank: one
+# host); what the launch gave is kept
+want = {"HOROVOD_HOSTNAME": "localhost", "HOROVOD_RANK": str(RANK), "HOROVOD_SIZE": str(N),
+        "HOROVOD_LOCAL_RANK": str(RANK), "HOROVOD_LOCAL_SIZE": str(N),
+        "HOROVOD_CROSS_RANK": "0", "HOROVOD_CROSS_SIZE": "1", **given}
+check("HOROVOD_* after init (the launch's own kept)",
+      json.dumps({k: os.environ.get(k) for k in sorted(want)}), json.dumps(dict(sorted(
+          want.items()))))
+check("the launch gave HOROVOD_HOSTNAME only", sorted(given), ["HOROVOD_HOSTNAME"])
 
 report.finish(RANK, checks, failures, what="execution modes: ")
