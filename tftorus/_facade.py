@@ -65,7 +65,9 @@ if stack.HOROVOD:
     ]
 
 else:
+    from tftorus.keras3 import sync_batch_norm
     from tftorus.keras3.optimizer import DistributedOptimizer
+    from tftorus.keras3.sync_batch_norm import SyncBatchNormalization
     from tftorus.without_horovod import (  # Horovod's names, answered by the tf engine
         Adasum, Average, DistributedGradientTape, Max, Min, Product, Sum, allgather,
         allgather_object, allreduce, broadcast, broadcast_object, broadcast_variables, ccl_built,
@@ -80,6 +82,7 @@ else:
         "mpi_built", "mpi_enabled", "mpi_threads_supported", "gloo_built", "gloo_enabled",
         "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built",
     ]
+    __all__ += ["SyncBatchNormalization", "sync_batch_norm"]  # Keras 3's, tftorus.keras3
 
     def __getattr__(name):  # Horovod's names without a meaning here: one line naming the stack
         from tftorus.without_horovod import missing

@@ -45,6 +45,7 @@ if stack.HOROVOD:
 else:
     from tftorus.keras3 import callbacks
     from tftorus.keras3.optimizer import DistributedOptimizer, load_model
+    from tftorus.keras3.sync_batch_norm import SyncBatchNormalization
     from tftorus.without_horovod import (  # Horovod's names, answered by the tf engine
         Average, Sum, allgather, allreduce, broadcast, broadcast_object, broadcast_variables,
         ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled,
@@ -52,6 +53,8 @@ else:
         nccl_built, rank, rocm_built, size)
 
     __all__ = _OWN + _QUERIES + ["broadcast_object", "broadcast_variables"]
+
+    __all__ += ["SyncBatchNormalization"]  # horovod.tensorflow's, for Keras 3 models
 
     def __getattr__(name):  # Horovod's names without a meaning here: one line naming the stack
         from tftorus.without_horovod import missing
