@@ -123,6 +123,7 @@ LAUNCHES = (
     "tests/test_sync_batch_norm.py::SyncBatchNormTest::test_two_ranks_match_the_whole_batch",
     "tests/test_sync_batch_norm.py::SyncBatchNormTest::test_three_ranks_match_the_whole_batch",
     "tests/test_execution_modes.py::ExecutionModesTest",
+    "tests/test_keras3_optimizer.py::BackwardPassesOnTwoWorkersTest",
     "tests/test_nonfinite.py::SkipOnEveryWorkerTest",
     "tests/test_overlap.py::OverlapTest",
     "tests/test_paper_scale.py::PlanModeTest",

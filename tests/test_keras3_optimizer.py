@@ -1,14 +1,19 @@
 """tftorus.keras.DistributedOptimizer on Keras 3 (the current stack), in one process: it is the
 user's optimizer class (a saved model loads with Keras alone), it trains as the plain optimizer
-on one worker, it refuses what it cannot do in one line, and a step compiled by XLA is refused.
-The multi-worker sums are tests/test_user_fit.py's."""
+on one worker (with backward_passes_per_step too), it refuses what it cannot do in one line, and
+a step compiled by XLA is refused. On 2 workers: backward_passes_per_step and
+average_aggregated_gradients in fit and in custom loops against float64 NumPy
+(tests/workers/keras3_backward_passes.py). The other multi-worker sums are
+tests/test_user_fit.py's."""
 import os
+import re
 import tempfile
 import unittest
 
 import numpy as np
 import tensorflow as tf
 
+from tests import harness
 from tftorus import stack
 
 if stack.KERAS_3:
@@ -59,6 +64,33 @@ class Keras3OptimizerTest(tf.test.TestCase):
                   callbacks=[hvd.BatchSizeControl([(0, 1), (1, 2), (2, 4)])])
         self.assertEqual(int(model.optimizer.iterations.numpy()), 4 + 2 + 1)
 
+    def test_backward_passes_per_step_on_one_worker(self):
+        # k micro-batches of 4 per update: as the plain optimizer on batches of 4k with the mean
+        # (average_aggregated_gradients) or k times the learning rate (their sum); iterations
+        # counts updates; k=1 is the plain path
+        def trained(optimizer, batch_size):
+            model, x, y = self.model_and_data(optimizer)
+            model.fit(x, y, batch_size=batch_size, epochs=2, verbose=0, shuffle=False)
+            return model
+
+        for k, average, lr in [(2, True, 0.1), (4, False, 0.1 * 4), (1, True, 0.1)]:
+            with self.subTest(k=k, average=average):
+                ours = trained(hvd.DistributedOptimizer(
+                    keras.optimizers.SGD(0.1, momentum=0.9), backward_passes_per_step=k,
+                    average_aggregated_gradients=average), 4)
+                plain = trained(keras.optimizers.SGD(lr, momentum=0.9), 4 * k)
+                for a, b in zip(ours.get_weights(), plain.get_weights()):
+                    self.assertAllClose(a, b, rtol=1e-5, atol=1e-6)
+                self.assertEqual(int(ours.optimizer.iterations.numpy()), 2 * 4 // k)
+                self.assertEqual(ours.optimizer._agg_helper is None, k == 1)
+
+    def test_backward_passes_per_step_is_not_batch_size_controls(self):
+        model, x, y = self.model_and_data(hvd.DistributedOptimizer(
+            keras.optimizers.SGD(0.1), backward_passes_per_step=2))
+        with self.assertRaisesRegex(ValueError, "built with Horovod's backward_passes_per_step"):
+            model.fit(x, y, batch_size=4, epochs=1, verbose=0,
+                      callbacks=[hvd.BatchSizeControl([(0, 1)])])
+
     def test_saved_model_loads_with_keras_alone_and_with_load_model(self):
         model, x, y = self.model_and_data(hvd.DistributedOptimizer(keras.optimizers.Adam(1e-2)))
         model.fit(x, y, batch_size=8, epochs=1, verbose=0)
@@ -82,7 +114,9 @@ class Keras3OptimizerTest(tf.test.TestCase):
     def test_what_it_cannot_do_says_what_to_use(self):
         sgd = keras.optimizers.SGD(0.1)
         for kwargs, pattern in [
-                ({"backward_passes_per_step": 2}, "BatchSizeControl"),
+                ({"backward_passes_per_step": 0}, "whole number >= 1"),
+                ({"backward_passes_per_step": 1.5}, "whole number >= 1"),
+                ({"backward_passes_per_step": True}, "whole number >= 1"),
                 ({"op": hvd.Adasum if hasattr(hvd, "Adasum") else 2}, "Average or tftorus.Sum"),
                 ({"algorithm": "butterfly"}, "algorithm"),
                 ({"not_an_option": 1}, "unexpected arguments")]:
@@ -94,6 +128,18 @@ class Keras3OptimizerTest(tf.test.TestCase):
             hvd.DistributedOptimizer(keras.optimizers.LossScaleOptimizer(sgd))
         with self.assertRaisesRegex(ValueError, "already a tftorus"):
             hvd.DistributedOptimizer(hvd.DistributedOptimizer(sgd))
+
+
+@unittest.skipUnless(stack.KERAS_3, "Keras 3 (the current stack); Keras 2 takes Horovod's wrapper, "
+                                    "whose backward_passes_per_step is Horovod's own")
+class BackwardPassesOnTwoWorkersTest(tf.test.TestCase):
+
+    def test_fit_and_custom_loops_against_numpy(self):
+        result = harness.run_tf_config([harness.worker("keras3_backward_passes.py")], np=2,
+                                       timeout=300)
+        self.assertEqual(result.returncode, 0, harness.describe(result))
+        counts = re.findall(r"backward passes: (\d+) checks, 0 failed", result.output)
+        self.assertEqual(counts, ["20", "20"], harness.describe(result))
 
 
 if __name__ == "__main__":

@@ -11,9 +11,10 @@ as one batch of count x micro-batch x workers would. The count is a tf.Variable:
 between epochs needs no new trace. The optimizer's `iterations` counts updates.
 
 Horovod's `backward_passes_per_step` does the same with a count fixed when the optimizer is
-built (and sums, unless average_aggregated_gradients); that argument still means Horovod's.
-One `Accumulation` lives on an optimizer (`of(optimizer)`); a train step that reduces by
-itself (official_resnet.recipe_model) accumulates through the same object's `step`.
+built, and sums unless average_aggregated_gradients. On Keras 2 Horovod's own wrapper keeps it;
+on Keras 3 it is an Accumulation of that fixed count (`backward_passes`), which then sums where
+Horovod sums. One `Accumulation` lives on an optimizer (`of(optimizer)`); a train step that
+reduces by itself (official_resnet.recipe_model) accumulates through the same object's `step`.
 """
 from typing import Callable, List, Optional, Sequence
 
@@ -31,15 +32,21 @@ class Accumulation:
     them itself otherwise), and are neither weights nor checkpointed: at an epoch's end they
     are empty."""
 
-    def __init__(self, count: int = 1):
+    def __init__(self, count: int = 1, average: bool = True, fixed: bool = False):
+        """average: an update gets the mean of its micro-batches' gradients, else their sum
+        (Horovod's average_aggregated_gradients=False). fixed: the count is Horovod's
+        backward_passes_per_step, which BatchSizeControl may not change."""
         self.count = tf.Variable(int(count), dtype=tf.int64, trainable=False,
                                  name="micro_batches_per_update")
         self.seen = tf.Variable(0, dtype=tf.int64, trainable=False,
                                 name="micro_batches_of_this_update")
         self.sums: Optional[List[tf.Variable]] = None
+        self.average, self.fixed = average, fixed
 
     def set_count(self, count: int) -> None:
         """Between updates only (eagerly, e.g. at an epoch's start)."""
+        if self.fixed:
+            raise ValueError(_FIXED)
         if int(count) < 1:
             raise ValueError(f"micro-batches per update must be >= 1, got {count}")
         seen = int(self.seen.numpy())
@@ -63,8 +70,9 @@ class Accumulation:
     def step(self, tensors: Sequence[tf.Tensor], on_last: Callable[[List[tf.Tensor]], object],
              on_other: Callable[[List[tf.Tensor]], object]):
         """Adds this micro-batch's `tensors` (dense) to the sums. On the update's count-th
-        micro-batch returns `on_last(means)` (each sum / count; the sums start again), else
-        `on_other(running sums)`; both return the same structure (one tf.cond)."""
+        micro-batch returns `on_last(means)` (each sum / count, or the sums where not
+        `average`; the sums start again), else `on_other(running sums)`; both return the same
+        structure (one tf.cond)."""
         tensors = [tf.convert_to_tensor(t) for t in tensors]
         self.build(tensors)
         # Each sum read as soon as its micro-batch gradient exists (the sums were last written
@@ -77,6 +85,8 @@ class Accumulation:
             for s in self.sums:
                 s.assign(tf.zeros_like(s))
             self.seen.assign(0)
+            if not self.average:
+                return on_last(totals)
             return on_last([t / tf.cast(self.count, t.dtype) for t in totals])
 
         def other():
@@ -104,7 +114,8 @@ def of(optimizer, create: bool = True) -> Optional[Accumulation]:
 class _Reduction:
     """Horovod's wrappers call their `_agg_helper` (when set) to reduce gradients and to apply
     them; this one accumulates through the optimizer's Accumulation: the count-th micro-batch
-    reduces the means over the workers and the update is applied; the others apply nothing."""
+    reduces the means (or sums) over the workers and the update is applied; the others apply
+    nothing."""
 
     def __init__(self, optimizer, accumulation: Accumulation):
         self.optimizer, self.accumulation, self._local = optimizer, accumulation, set()
@@ -148,6 +159,23 @@ class _Reduction:
         return optimizer.iterations
 
 
+_FIXED = ("this optimizer was built with Horovod's backward_passes_per_step, a count fixed for "
+          "the whole run; to change it per epoch range build it without "
+          "backward_passes_per_step and let BatchSizeControl set it")
+
+
+def backward_passes(optimizer, count: int, average: bool) -> Accumulation:
+    """Horovod's backward_passes_per_step=count on `optimizer` (Keras 3's DistributedOptimizer,
+    as it is built): each call's gradients are added to the sums, the count-th call reduces
+    their mean (`average`: Horovod's average_aggregated_gradients) or sum over the workers
+    once and applies it, the others apply nothing."""
+    holder = reducing_optimizer(optimizer)
+    accumulation = Accumulation(count, average=average, fixed=True)
+    object.__setattr__(holder, _ATTRIBUTE, accumulation)  # untracked: not the optimizer's
+    holder._agg_helper = _Reduction(holder, accumulation)
+    return accumulation
+
+
 def enable(optimizer) -> Accumulation:
     """Make `optimizer` (a tftorus DistributedOptimizer) accumulate through its Accumulation in
     Keras' own train step; returns the Accumulation. Call before the step traces
@@ -163,10 +191,9 @@ def enable(optimizer) -> Accumulation:
                          "per update use official_resnet.recipe_model.RecipeModel, whose step "
                          "unscales once per update")
     helper = getattr(holder, "_agg_helper", None)
-    if helper is not None and not isinstance(helper, _Reduction):
-        raise ValueError("this optimizer was built with Horovod's backward_passes_per_step, "
-                         "a count fixed for the whole run; to change it per epoch range build "
-                         "it without backward_passes_per_step and let BatchSizeControl set it")
+    if helper is not None and not isinstance(helper, _Reduction) \
+            or getattr(of(holder, create=False), "fixed", False):
+        raise ValueError(_FIXED)
     accumulation = of(holder)
     if helper is None:
         holder._agg_helper = _Reduction(holder, accumulation)

@@ -12,9 +12,10 @@ optimizer. The subclass overrides `apply` (which `apply_gradients` and Keras' tr
         -> Keras' own apply: clipping, weight decay, update, iterations += 1
 
 so gradients are reduced after a LossScaleOptimizer's division and before clipping, as Horovod
-users expect. With micro-batches per update (BatchSizeControl) the same `_agg_helper` protocol
-as Horovod's wrappers (tftorus.accumulation) accumulates, reduces the mean once per update and
-applies it, so `iterations` counts updates.
+users expect. With micro-batches per update (BatchSizeControl, or Horovod's
+backward_passes_per_step) the same `_agg_helper` protocol as Horovod's wrappers
+(tftorus.accumulation) accumulates, reduces once per update and applies it, so `iterations`
+counts updates.
 
 XLA: Keras 3 compiles the train step with XLA by itself (jit_compile='auto') when a GPU is
 present and no distribution strategy is set. XLA has no lowering for TF's all-to-all and
@@ -27,7 +28,7 @@ import tensorflow as tf
 from tensorflow.python.framework import ops as tf_ops
 from tensorflow.python.ops import control_flow_util
 
-from tftorus import context, reduction, stack
+from tftorus import accumulation, context, reduction, stack
 from tftorus.compression import Compression
 from tftorus.reduction import TorusOptions
 
@@ -79,6 +80,12 @@ class _ReducesOverTheTorus:
         return helper.apply_gradients(
             lambda: super(_ReducesOverTheTorus, self).apply(reduced, variables), self)
 
+    def build(self, variables):
+        super().build(variables)
+        summed = accumulation.of(self, create=False)
+        if summed is not None:  # backward_passes_per_step: its sums too, before a step traces
+            summed.build(variables)
+
     # Horovod's wrapper attributes, which tftorus.accumulation and reduce_gradients use.
     def _allreduce_grads(self, grads: List, variables: List) -> List:
         return getattr(self, _SETTINGS)["reduce"](grads, variables)
@@ -111,10 +118,16 @@ def DistributedOptimizer(optimizer, name: Optional[str] = None, device_dense: st
 
     Horovod 0.28.1's arguments keep their meaning where the tf engine can give it:
     compression (Compression.none/.fp16/.bf16), sparse_as_dense, gradient_predivide_factor,
-    op (Average or Sum), num_groups/groups, scale_local_gradients. device_dense/device_sparse
-    are ignored (placement follows the gradients). Torus options: `torus_options=` or its
-    fields by name (algorithm=, grid=, fusion_threshold_bytes=, check_consistency=, engine=,
-    pipeline_chunks=), as on the classic stack.
+    op (Average or Sum), num_groups/groups, scale_local_gradients, backward_passes_per_step and
+    average_aggregated_gradients: each call's gradients are added up on the worker, and every
+    k-th call reduces their sum (divided by k where average_aggregated_gradients) over the
+    workers once and applies it; the other calls apply nothing. Unlike Horovod's, whose
+    `iterations` counts calls, `iterations` then counts updates, as with BatchSizeControl (a
+    learning-rate schedule sees updates), and sparse gradients are summed dense where Horovod
+    asks for sparse_as_dense. device_dense/device_sparse are ignored (placement follows the
+    gradients). Torus options: `torus_options=` or its fields by name (algorithm=, grid=,
+    fusion_threshold_bytes=, check_consistency=, engine=, pipeline_chunks=), as on the classic
+    stack.
     """
     del device_dense, device_sparse
     keras = tf.keras
@@ -128,11 +141,10 @@ def DistributedOptimizer(optimizer, name: Optional[str] = None, device_dense: st
                         "keras.optimizers.LossScaleOptimizer(tftorus.keras.DistributedOptimizer("
                         "opt)) (model.compile does that under a mixed_float16 policy), so "
                         "gradients are reduced after the loss scale's division")
-    if backward_passes_per_step != 1 or average_aggregated_gradients:
-        raise ValueError(
-            "backward_passes_per_step is Horovod's (a count fixed for the run); on Keras 3 use "
-            "tftorus.keras.BatchSizeControl([(0, k)]) for k micro-batches per update (a count "
-            "that may change per epoch range), or Keras' gradient_accumulation_steps")
+    if isinstance(backward_passes_per_step, bool) or not isinstance(
+            backward_passes_per_step, int) or backward_passes_per_step < 1:
+        raise ValueError(f"backward_passes_per_step must be a whole number >= 1 (the calls "
+                         f"per update; 1: every call), got {backward_passes_per_step!r}")
     if op not in (stack.Average, stack.Sum):
         raise ValueError("op must be tftorus.Average or tftorus.Sum on the tf engine (Adasum, "
                          f"Min, Max and Product are Horovod's); got {op!r}")
@@ -155,6 +167,9 @@ def DistributedOptimizer(optimizer, name: Optional[str] = None, device_dense: st
     object.__setattr__(wrapped, _SETTINGS, {  # untracked: not the optimizer's state
         "reduce": reduce, "helper": None, "process_set": WholeWorld(options.engine),
         "scale_local_gradients": scale_local_gradients})
+    if backward_passes_per_step > 1:  # Horovod's helper only then, average or not
+        accumulation.backward_passes(wrapped, backward_passes_per_step,
+                                     bool(average_aggregated_gradients))
     return wrapped
 
 
