@@ -65,6 +65,9 @@ if stack.HOROVOD:
     ]
 
 else:
+    from tftorus.horovod_common import (  # Horovod's small helpers, pure Python
+        check_num_rank_power_of_2, gpu_available, handle_average_backwards_compatibility,
+        split_list)
     from tftorus.keras3 import sync_batch_norm
     from tftorus.keras3.optimizer import DistributedOptimizer
     from tftorus.keras3.sync_batch_norm import SyncBatchNormalization
@@ -83,6 +86,8 @@ else:
         "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built",
     ]
     __all__ += ["SyncBatchNormalization", "sync_batch_norm"]  # Keras 3's, tftorus.keras3
+    __all__ += ["check_num_rank_power_of_2", "gpu_available",
+                "handle_average_backwards_compatibility", "split_list"]
 
     def __getattr__(name):  # Horovod's names without a meaning here: one line naming the stack
         from tftorus.without_horovod import missing

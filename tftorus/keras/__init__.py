@@ -43,6 +43,7 @@ if stack.HOROVOD:
         "broadcast_global_variables", "reducescatter", "start_timeline", "stop_timeline",
         "is_version_greater_equal_than"]
 else:
+    from tftorus.horovod_common import is_version_greater_equal_than
     from tftorus.keras3 import callbacks
     from tftorus.keras3.optimizer import DistributedOptimizer, load_model
     from tftorus.keras3.sync_batch_norm import SyncBatchNormalization
@@ -54,7 +55,8 @@ else:
 
     __all__ = _OWN + _QUERIES + ["broadcast_object", "broadcast_variables"]
 
-    __all__ += ["SyncBatchNormalization"]  # horovod.tensorflow's, for Keras 3 models
+    __all__ += ["SyncBatchNormalization",  # horovod.tensorflow's, for Keras 3 models
+                "is_version_greater_equal_than"]
 
     def __getattr__(name):  # Horovod's names without a meaning here: one line naming the stack
         from tftorus.without_horovod import missing

@@ -8,6 +8,9 @@ engine's collectives). On the classic stack `tftorus.keras.callbacks` is Horovod
     LearningRateScheduleCallback      lr = initial_lr * multiplier(epoch) in [start, end)
     LearningRateWarmupCallback        initial_lr / size -> initial_lr over warmup_epochs
 
+(Horovod's BestModelCheckpoint, whose path its Spark estimator fills in, raises
+HorovodRequired here.)
+
 Where Keras 3 makes Horovod's way impossible or wrong, the class docstring says what happens
 instead and why; in short:
 
@@ -27,7 +30,8 @@ from typing import Callable, Dict, List, Optional, Union
 import keras
 import tensorflow as tf
 
-from tftorus import world
+from tftorus import stack, world
+from tftorus.horovod_common import is_version_greater_equal_than  # noqa: F401  Horovod's has it
 
 _VARIABLE_TYPES = (tf.Variable, keras.Variable)
 
@@ -381,3 +385,12 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
 
 __all__ = ["BroadcastGlobalVariablesCallback", "MetricAverageCallback",
            "LearningRateScheduleCallback", "LearningRateWarmupCallback"]
+
+
+def __getattr__(name):  # Horovod's callback that only its Spark estimator can complete
+    if name == "BestModelCheckpoint":
+        raise stack.horovod_required(
+            "tftorus.keras.callbacks.BestModelCheckpoint",
+            "Horovod's Spark estimator fills in its file path; use "
+            "keras.callbacks.ModelCheckpoint(path, save_best_only=True) on rank 0")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
