@@ -20,11 +20,14 @@ WeakKeyDictionary keyed by the graph (a tensor or variable there would keep its 
 A py_function holds one of the session's inter-op threads (as many as cores) until every rank
 has joined its collectives. Calls a run starts in a different order on different ranks could
 then hold every thread of each rank while waiting for calls the other rank has no thread left
-to start. So calls built one after the other, with no session run of theirs in between, run in
-the order they were built (the later one carries a control dependency on the earlier one): a
-graph built whole and then run step after step runs its calls in turn, on every rank alike.
-A call built after the previous one ran (build an op, run it, build the next, as Horovod's
-tests do) depends on nothing, and a run of it runs only it.
+to start (Horovod's own tests build a call, run every call so far, build the next, ...). So a
+graph's calls run in the order they were built, on every rank alike: each one carries a control
+dependency on the one built before it that needs the same feeds (the same placeholders among its
+inputs' ancestors). A run of a call therefore runs the earlier calls of its feeds again (they
+compute the same values; nothing is applied twice unless a call's own inputs assign), and never
+asks for a feed the call itself does not need. Calls of different feeds are not ordered against
+each other: a run of more such chains than the session has threads may wait until the
+collective timeout (fuse them into one call, or run them apart).
 """
 import weakref
 from typing import Callable, List, Optional, Sequence
@@ -42,7 +45,8 @@ def lifted_graph() -> Optional[tf.Graph]:
 
 class SessionCalls:
     """The calls built in TF1 graphs: each one's number in its graph (every rank that builds
-    the same graph numbers them alike), and the order of those built since the last run."""
+    the same graph numbers them alike), and the last one per set of feeds, which the next one
+    follows."""
 
     def __init__(self):
         self._graphs = weakref.WeakKeyDictionary()  # graph -> _Calls
@@ -52,34 +56,40 @@ class SessionCalls:
         """`fn(number, eager tensors)` as one py_function of `graph`, giving tensors like
         `outputs`; `number` is the call's number in the graph."""
         calls = self._graphs.setdefault(graph, _Calls())
-        number, after = calls.add()
+        number, calls.count = calls.count, calls.count + 1
         here = ops.get_default_graph() is graph  # not in a tf.function (ordered there already)
-        before = [graph.get_operation_by_name(after)] if here and after else []
-
-        def run_eagerly(*values):
-            calls.ran.add(number)
-            return fn(number, list(values))
-        with tf.control_dependencies(before):
-            results = tf.py_function(run_eagerly, list(tensors), [o.dtype for o in outputs])
+        feeds = _feeds(tensors) if here else None
+        after = calls.last.get(feeds) if here else None
+        with tf.control_dependencies([graph.get_operation_by_name(after)] if after else []):
+            results = tf.py_function(lambda *values: fn(number, list(values)), list(tensors),
+                                     [o.dtype for o in outputs])
         for result, spec in zip(results, outputs):
             result.set_shape(spec.shape)
         if here:
-            calls.last = (number, results[0].op.name)
+            calls.last[feeds] = results[0].op.name
         return results
 
 
 class _Calls:
-    """One graph's calls: how many so far, the last one built in the graph itself (number, op
-    name) and the numbers of those a session has run."""
+    """One graph's calls: how many so far, and per set of feeds the op name of the last one
+    built in the graph itself (a name: an op would keep the graph alive)."""
 
     def __init__(self):
         self.count = 0
-        self.last = None
-        self.ran = set()
+        self.last = {}
 
-    def add(self):
-        """(this call's number, the op it must follow, or None)."""
-        number, self.count = self.count, self.count + 1
-        if self.last is None or self.last[0] in self.ran:
-            return number, None
-        return number, self.last[1]
+
+def _feeds(tensors: Sequence[tf.Tensor]) -> frozenset:
+    """The names of the placeholders among the ancestors of `tensors`: what a run of them must
+    be fed."""
+    found, seen, pending = set(), set(), [t.op for t in tensors]
+    while pending:
+        op = pending.pop()
+        if op.name in seen:
+            continue
+        seen.add(op.name)
+        if op.type == "Placeholder":
+            found.add(op.name)
+        pending.extend(t.op for t in op.inputs)
+        pending.extend(op.control_inputs)
+    return frozenset(found)

@@ -9,7 +9,8 @@ session runs every kind of call at once in one `run` (two all-reduces of one sha
 all-gather of sizes that differ per rank, a broadcast, an FP16 sum, a tf.function called inside
 the graph, DistributedGradientTape, a torus reduction of several buckets, the engine's
 primitives), twice, and leaves no variable of tftorus' behind in it. A call built after the
-last one ran is run alone. A graph of the engine's calls is freed once the user drops it.
+one before it and needing other feeds is run alone; calls built one by one, each run with
+every one before it, keep in step. A graph of the engine's calls is freed once the user drops it.
 
 Also (the TF_CONFIG path of issue 48): horovodrun's HOROVOD_* variables are in os.environ after
 `init()`, with this rank's values, and a value the launch set is kept.
@@ -137,8 +138,8 @@ def engine_calls_in_a_graph():
 
 
 def build_run_build_run():
-    """As Horovod's tests do: a call built after the last one ran is run alone (the earlier one,
-    fed by a placeholder, would fail unfed)."""
+    """As Horovod's tests do, with a feed: a call needing other feeds than the one built before
+    it is run alone (the earlier one would fail unfed)."""
     with tf.Graph().as_default():
         fed = tf.compat.v1.placeholder(tf.float32, [6])
         first = hvd.allreduce(fed, op=hvd.Sum)
@@ -148,7 +149,24 @@ def build_run_build_run():
             check("then built and run alone", session.run(second), total(51))
 
 
+CALLS_SO_FAR = 20  # the session's threads are as many as cores
+
+
+def build_and_run_every_call_so_far():
+    """As Horovod's fused tests do: build a call, run every call so far, build the next, ...:
+    more calls at once than a session has threads, which the build order keeps in step."""
+    with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+        calls = []
+        for i in range(CALLS_SO_FAR):
+            calls.append(hvd.allgather(tf.fill([i + 1, 2], RANK)))
+            got = session.run(calls)
+        for i, gathered in enumerate(got):
+            check(f"every call so far, run together: call {i}", gathered,
+                  np.concatenate([np.full((i + 1, 2), r, np.int32) for r in range(N)]))
+
+
 build_run_build_run()
+build_and_run_every_call_so_far()
 dropped = engine_calls_in_a_graph()
 gc.collect()
 check("a graph of the engine's calls is freed once dropped", dropped() is None, True)
