@@ -72,18 +72,28 @@ else:
     from tftorus.keras3.optimizer import DistributedOptimizer
     from tftorus.keras3.sync_batch_norm import SyncBatchNormalization
     from tftorus.without_horovod import (  # Horovod's names, answered by the tf engine
-        Adasum, Average, DistributedGradientTape, Max, Min, Product, Sum, allgather,
-        allgather_object, allreduce, broadcast, broadcast_object, broadcast_variables, ccl_built,
-        cross_rank, cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled, is_initialized,
-        local_rank, local_size, mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank,
-        rocm_built, size)
+        Adasum, Average, DistributedGradientTape, Max, Min, ProcessSet, Product, Sum,
+        _executing_eagerly, add_process_set, allgather, allgather_object, allreduce, alltoall,
+        broadcast, broadcast_, broadcast_global_variables, broadcast_object, broadcast_object_fn,
+        broadcast_variables, ccl_built, cross_rank, cross_size, cuda_built, ddl_built, functions,
+        global_process_set, gloo_built, gloo_enabled, grouped_allgather, grouped_allreduce,
+        grouped_reducescatter, is_initialized, local_rank, local_rank_op, local_size,
+        local_size_op, mpi_built, mpi_enabled, mpi_ops, mpi_threads_supported, nccl_built,
+        process_set_included_op, rank, rank_op, reducescatter, remove_process_set, rocm_built,
+        size, size_op, util)
 
     __all__ = _OWN + [
-        "Average", "Sum", "Adasum", "Min", "Max", "Product", "allreduce", "allgather",
-        "allgather_object", "broadcast", "broadcast_object", "broadcast_variables", "rank",
-        "size", "local_rank", "local_size", "cross_rank", "cross_size", "is_initialized",
-        "mpi_built", "mpi_enabled", "mpi_threads_supported", "gloo_built", "gloo_enabled",
-        "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built",
+        "Average", "Sum", "Adasum", "Min", "Max", "Product", "ProcessSet", "global_process_set",
+        "add_process_set", "remove_process_set", "allreduce", "grouped_allreduce", "allgather",
+        "grouped_allgather", "allgather_object", "broadcast", "broadcast_", "broadcast_object",
+        "broadcast_object_fn", "broadcast_variables", "broadcast_global_variables", "alltoall",
+        "reducescatter", "grouped_reducescatter", "rank", "size", "local_rank", "local_size",
+        "cross_rank", "cross_size", "rank_op", "size_op", "local_rank_op", "local_size_op",
+        "process_set_included_op", "is_initialized", "mpi_built", "mpi_enabled",
+        "mpi_threads_supported", "gloo_built", "gloo_enabled", "nccl_built", "ddl_built",
+        "ccl_built", "cuda_built", "rocm_built",
+        # Horovod's submodules: its collectives, object functions and util
+        "mpi_ops", "functions", "util",
     ]
     __all__ += ["SyncBatchNormalization", "sync_batch_norm"]  # Keras 3's, tftorus.keras3
     __all__ += ["check_num_rank_power_of_2", "gpu_available",

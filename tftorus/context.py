@@ -97,7 +97,8 @@ def init(grid: GridSpec = None, extra_grids: Iterable[GridSpec] = (),
 
     grid: the torus grid (None/'auto': planned from the world size; 'paper'; 'YxX'; row length).
     extra_grids: further grids to register for algorithms or grids picked per optimizer.
-    process_sets: the caller's own Horovod process sets, registered too (Horovod engine).
+    process_sets: the caller's own Horovod process sets, registered too (Horovod engine; on
+      the current stack the tf engine's, tftorus.process_sets).
     reduce_scatter_impl: 'alltoall' (default on CPUs) or 'native' (NCCL); see the engines.
     engine: 'horovod' (Horovod process sets) or 'tf' (TensorFlow's collective ops, no Horovod;
       call init() first thing, before any other TensorFlow call). None: 'horovod' where
@@ -112,8 +113,12 @@ def init(grid: GridSpec = None, extra_grids: Iterable[GridSpec] = (),
     engine = engine or stack.DEFAULT_ENGINE
     _check_engine_args(engine, process_sets, collective_timeout, tf_host, tf_port)
     if engine == "tf":
-        return _init_tf(grid, extra_grids, reduce_scatter_impl, collective_timeout, tf_host,
-                        tf_port, with_horovod)
+        state = _init_tf(grid, extra_grids, reduce_scatter_impl, collective_timeout, tf_host,
+                         tf_port, with_horovod)
+        if not stack.HOROVOD:  # Horovod's process sets, as tftorus.process_sets gives them
+            from tftorus import process_sets as horovod_sets
+            horovod_sets.register_at_init(process_sets)
+        return state
     if with_horovod:
         raise ValueError("with_horovod=True goes with engine='tf'; the Horovod engine always "
                          "runs Horovod")
@@ -186,7 +191,7 @@ def _check_engine_args(engine, process_sets, collective_timeout, tf_host, tf_por
     if engine == "horovod" and given:
         raise ValueError(f"{', '.join(given)} only apply to engine='tf'; Horovod takes its "
                          f"timeouts and addresses from horovodrun (HOROVOD_* variables)")
-    if engine == "tf" and process_sets:
+    if engine == "tf" and process_sets and stack.HOROVOD:
         raise ValueError("process_sets are Horovod's; engine='tf' builds its own groups from "
                          "the grids: pass grid=/extra_grids= instead")
     if collective_timeout is not None and not collective_timeout > 0:

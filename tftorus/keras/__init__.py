@@ -48,12 +48,21 @@ else:
     from tftorus.keras3.optimizer import DistributedOptimizer, load_model
     from tftorus.keras3.sync_batch_norm import SyncBatchNormalization
     from tftorus.without_horovod import (  # Horovod's names, answered by the tf engine
-        Average, Sum, allgather, allreduce, broadcast, broadcast_object, broadcast_variables,
-        ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled,
-        is_initialized, local_rank, local_size, mpi_built, mpi_enabled, mpi_threads_supported,
-        nccl_built, rank, rocm_built, size)
+        Average, ProcessSet, Sum, add_process_set, allgather, allreduce, broadcast,
+        broadcast_object, broadcast_variables, ccl_built, cross_rank, cross_size, cuda_built,
+        ddl_built, global_process_set, gloo_built, gloo_enabled, is_initialized, local_rank,
+        local_size, mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank,
+        remove_process_set, rocm_built, size)
 
-    __all__ = _OWN + _QUERIES + ["broadcast_object", "broadcast_variables"]
+    def reducescatter(value, name=None, op=Average):
+        """Horovod's Keras reducescatter: `value` averaged (or summed, op=hvd.Sum) over every
+        rank, each keeping its part of the first dimension."""
+        from tftorus.horovod_collectives import reducescatter as reduce_scatter
+        return reduce_scatter(value, op=op, name=name)
+
+    __all__ = _OWN + _QUERIES + [
+        "broadcast_object", "broadcast_variables", "ProcessSet", "global_process_set",
+        "add_process_set", "remove_process_set", "reducescatter"]
 
     __all__ += ["SyncBatchNormalization",  # horovod.tensorflow's, for Keras 3 models
                 "is_version_greater_equal_than"]
