@@ -34,6 +34,8 @@ SLOW = {
     "test_launcher_runs_each_phase_on_its_own_count": 53,
     # a refused resume: ConfigMismatchScriptTest (train.py refusing another configuration)
     "tests/test_resume.py::ResumeRunsTest::test_new_world_size_inside_a_phase_is_refused": 32,
+    # Horovod's collectives on 4 ranks (tests/workers/horovod_collectives_check.py): 2 and 3 ranks
+    "tests/test_horovod_collectives.py::CollectivesOnWorldsTest::test_four_ranks": 47,
     # lost peers on the tf engine: KilledWorkerTest::test_killed_mid_collective
     "tests/test_tf_engine.py::KilledWorkerTest::test_dead_before_collective_times_out": 23,
     "tests/test_peer_health.py::RealPeersTest::"
