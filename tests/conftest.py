@@ -180,6 +180,7 @@ CURRENT_STACK = (
     "tests/test_fused_batch_norm.py",
     "tests/test_sync_batch_norm.py",
     "tests/test_horovod_collectives.py",
+    "tests/test_horovod_compatibility.py",
     "tests/test_worker_loss.py::VerdictTest",
     "tests/test_worker_loss.py::WorkerLossTest::test_killed_worker_tf_engine",
     "tests/test_worker_loss.py::WorkerLossTest::test_stopped_worker_tf_engine",

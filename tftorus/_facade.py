@@ -68,6 +68,7 @@ else:
     from tftorus.horovod_common import (  # Horovod's small helpers, pure Python
         check_num_rank_power_of_2, gpu_available, handle_average_backwards_compatibility,
         split_list)
+    from tftorus.horovod_util import refs_to_vars, vars_to_refs
     from tftorus.keras3 import sync_batch_norm
     from tftorus.keras3.optimizer import DistributedOptimizer
     from tftorus.keras3.sync_batch_norm import SyncBatchNormalization
@@ -97,7 +98,8 @@ else:
     ]
     __all__ += ["SyncBatchNormalization", "sync_batch_norm"]  # Keras 3's, tftorus.keras3
     __all__ += ["check_num_rank_power_of_2", "gpu_available",
-                "handle_average_backwards_compatibility", "split_list"]
+                "handle_average_backwards_compatibility", "split_list", "vars_to_refs",
+                "refs_to_vars"]
 
     def __getattr__(name):  # Horovod's names without a meaning here: one line naming the stack
         from tftorus.without_horovod import missing

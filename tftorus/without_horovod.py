@@ -26,7 +26,14 @@ from tftorus.process_sets import (  # noqa: F401
     ProcessSet, add_process_set, global_process_set, remove_process_set)
 from tftorus.stack import Adasum, Average, Max, Min, Product, Sum  # noqa: F401  Horovod's values
 
-#: Horovod names the facades do not give on this stack, and what to use instead.
+_TIMELINE = ("Horovod's timeline records its own background thread's work; profile with "
+             "TensorFlow's profiler instead (tf.profiler.experimental.start(logdir) and stop())")
+_ACCUMULATION = ("Horovod's own accumulation for backward_passes_per_step: give "
+                 "backward_passes_per_step to DistributedOptimizer, or use "
+                 "tftorus.keras.BatchSizeControl")
+
+#: Horovod names the facades do not give on this stack, and what to use instead
+#: (docs/horovod_compatibility.md shows them; tests/test_horovod_compatibility.py holds them).
 HOROVOD_ONLY = {
     "elastic": "elastic training re-forms Horovod's world; on this stack resume from the last "
                "checkpoint on the new world size (run_scripts/train.py does: --resume=auto)",
@@ -34,12 +41,26 @@ HOROVOD_ONLY = {
             "Horovod's background thread does and TF's collectives (each issued by every "
             "member) cannot; give every rank the same number of steps instead, agreed with "
             "hvd.allreduce(tf.constant(my_steps), op=hvd.Min)",
-    "BroadcastGlobalVariablesHook": "use callbacks.BroadcastGlobalVariablesCallback(0) or "
-                                    "broadcast_variables()",
-    "PartialDistributedGradientTape": "", "start_timeline": "", "stop_timeline": "",
+    "BroadcastGlobalVariablesHook": "a tf.estimator hook, and TensorFlow 2.16+ has no "
+                                    "tf.estimator: use callbacks.BroadcastGlobalVariablesCallback"
+                                    "(0) or broadcast_variables()",
+    "broadcast_global_variables": "Keras 3 has no TF1 session to run it in (Horovod's raises "
+                                  "in eager mode too): use callbacks."
+                                  "BroadcastGlobalVariablesCallback(0) or "
+                                  "broadcast_variables(model.variables, root_rank=0)",
+    "PartialDistributedGradientTape": "use DistributedGradientTape and its "
+                                      "register_local_source(v) for each local layer's variable",
+    "start_timeline": _TIMELINE,
+    "stop_timeline": _TIMELINE,
     "torus_gradient_reduction": "it swaps Horovod's reduction; DistributedOptimizer and "
                                 "gradient_reducer work here",
-    "is_homogeneous": "", "gradient_aggregation": "", "gradient_aggregation_eager": "",
+    "is_homogeneous": "Horovod's launcher tells it every host's rank count; ask the ranks "
+                      "instead: len(set(hvd.allgather_object(hvd.local_size()))) == 1",
+    "check_extension": "it checks that Horovod's compiled extension exists, and this stack "
+                       "has none (tftorus compiles nothing)",
+    "LocalGradientAggregationHelper": _ACCUMULATION,
+    "gradient_aggregation": _ACCUMULATION,
+    "gradient_aggregation_eager": _ACCUMULATION,
 }
 
 

@@ -43,16 +43,35 @@ if stack.HOROVOD:
         "broadcast_global_variables", "reducescatter", "start_timeline", "stop_timeline",
         "is_version_greater_equal_than"]
 else:
+    from tftorus import horovod_collectives as _collectives
     from tftorus.horovod_common import is_version_greater_equal_than
     from tftorus.keras3 import callbacks
     from tftorus.keras3.optimizer import DistributedOptimizer, load_model
     from tftorus.keras3.sync_batch_norm import SyncBatchNormalization
     from tftorus.without_horovod import (  # Horovod's names, answered by the tf engine
-        Average, ProcessSet, Sum, add_process_set, allgather, allreduce, broadcast,
-        broadcast_object, broadcast_variables, ccl_built, cross_rank, cross_size, cuda_built,
-        ddl_built, global_process_set, gloo_built, gloo_enabled, is_initialized, local_rank,
-        local_size, mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank,
-        remove_process_set, rocm_built, size)
+        Average, ProcessSet, Sum, add_process_set, broadcast_object, broadcast_variables,
+        ccl_built, cross_rank, cross_size, cuda_built, ddl_built, global_process_set,
+        gloo_built, gloo_enabled, is_initialized, local_rank, local_size, mpi_built,
+        mpi_enabled, mpi_threads_supported, nccl_built, rank, remove_process_set, rocm_built,
+        size)
+
+    # Horovod's Keras collectives take (value, name, ...) where horovod.tensorflow's take
+    # (tensor, average, ...): the same collectives, with the Keras module's parameters.
+    def allreduce(value, name=None, average=None, prescale_factor=1.0, postscale_factor=1.0,
+                  op=None, compression=Compression.none):
+        """Horovod's Keras allreduce: `value` averaged (or op=Sum, Min, Max, Product) over
+        every rank, scaled before and after."""
+        return _collectives.allreduce(value, average=average, compression=compression, op=op,
+                                      prescale_factor=prescale_factor,
+                                      postscale_factor=postscale_factor, name=name)
+
+    def allgather(value, name=None):
+        """Horovod's Keras allgather: every rank's `value` along the first dimension."""
+        return _collectives.allgather(value, name=name)
+
+    def broadcast(value, root_rank, name=None):
+        """Horovod's Keras broadcast: root_rank's `value` on every rank."""
+        return _collectives.broadcast(value, root_rank, name=name)
 
     def reducescatter(value, name=None, op=Average):
         """Horovod's Keras reducescatter: `value` averaged (or summed, op=hvd.Sum) over every
