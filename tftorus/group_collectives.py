@@ -22,6 +22,11 @@ order (its `_args`, `_run` and `tf_order`):
   permuted so results are in the group's rank order, as Horovod's are.
 - Empty tensors never reach TF (a collective of zero elements crashes TF's process): the
   callers skip the collective when every member's part is empty.
+- No TF timeout, eagerly either: TF keeps two threads asleep for the whole timeout of every op
+  given one (measured: 100 eager calls, 400 more threads for 300 s; Horovod's tests make
+  thousands and the process died of it). A dead or stopped peer still fails every member (the
+  engine's peer health monitor, tftorus/peer_health.py); a live rank that never calls waits as
+  Horovod's would (Horovod stalls too).
 """
 from typing import List, Sequence
 
@@ -129,6 +134,7 @@ def _args(comm, group: Group, signature: tuple, offset=None, token: bool = True)
     """The engine's collective arguments; `offset` (from _capacity) picks one of _SPAN keys."""
     padded = offset is not None and not _eager()
     args = comm._args(group, signature, span=_SPAN if padded else 1)
+    args["timeout"] = 0.0  # see the module docstring
     if padded:
         args["instance_key"] = args["instance_key"] + offset
     if not token:  # broadcasts take no ordering token

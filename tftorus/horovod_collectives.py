@@ -21,6 +21,7 @@ Scale factors as Horovod applies them: integers in float64 and truncated, 16-bit
 float32, others in their own dtype; an Average's division by the set's size joins the
 postscale factor (integers: divided exactly, truncated toward zero).
 """
+import collections
 import re
 import sys
 from typing import List, Optional, Sequence
@@ -284,14 +285,39 @@ def _reduce_values(comm, group, values, op, compression, prescale, postscale):
         # Horovod's narrow sum does)
         wide = [tf.cast(w, tf.int32) if w.dtype.size < 4 and w.dtype.is_integer else w
                 for w in wires]
-        summed = reduction.fused_allreduce(wide, "sum", algorithm="auto",
-                                           check_consistency=False, comm=comm)
-        reduced = [tf.cast(s, w.dtype) for s, w in zip(summed, wires)]
+        reduced = [tf.cast(s, w.dtype) for s, w in zip(_torus_sum(comm, wide), wires)]
     else:
         reduced = _per_dtype(wires, lambda same: moves.reduce(comm, same, group, _MERGE[op]))
     divisor = len(group) if op == Average else 1
     return [_finish(compression.decompress(r, ctx), postscale, divisor)
             for r, ctx in zip(reduced, ctxs)]
+
+
+_TORUS_FUNCTIONS = collections.OrderedDict()  # eager calls' traced torus sums, newest last
+_TORUS_FUNCTIONS_KEPT = 64
+
+
+def _torus_sum(comm, tensors):
+    """The torus' sum over the world (tftorus/reduction.py). Eagerly it runs as a tf.function
+    traced once per world, shapes and dtypes: eager collectives would carry TF's per-op
+    timeout, which holds two threads asleep for its whole length per collective
+    (group_collectives' docstring), where a traced one carries none."""
+    def run(*values):
+        return reduction.fused_allreduce(list(values), "sum", algorithm="auto",
+                                         check_consistency=False, comm=comm)
+    if not tf.executing_eagerly():
+        return run(*tensors)
+    # inside a TF1 session's call its keys carry the call's salt: one function per salt
+    salt = comm._session_salt() if hasattr(comm, "_session_salt") else ()
+    key = (context.generation(), salt, tuple((t.dtype, tuple(t.shape)) for t in tensors))
+    if key not in _TORUS_FUNCTIONS:
+        _TORUS_FUNCTIONS[key] = tf.function(run, autograph=False)
+        while len(_TORUS_FUNCTIONS) > _TORUS_FUNCTIONS_KEPT:
+            _TORUS_FUNCTIONS.popitem(last=False)
+    _TORUS_FUNCTIONS.move_to_end(key)
+    # the gradient is the caller's (tf.custom_gradient): a tape must not try to differentiate
+    # the function's collectives, which have none
+    return _TORUS_FUNCTIONS[key](*[tf.stop_gradient(t) for t in tensors])
 
 
 def _per_dtype(tensors, run) -> List[tf.Tensor]:
