@@ -101,6 +101,13 @@ else:
                 "handle_average_backwards_compatibility", "split_list", "vars_to_refs",
                 "refs_to_vars"]
 
+    # Horovod's submodules importable by name, as a script ported from horovod.tensorflow
+    # imports them: `from tftorus.util import _executing_eagerly`, `import tftorus.mpi_ops`
+    import sys as _sys
+    for _name, _module in (("mpi_ops", mpi_ops), ("functions", functions), ("util", util)):
+        _sys.modules.setdefault(f"tftorus.{_name}", _module)
+    del _sys, _name, _module
+
     def __getattr__(name):  # Horovod's names without a meaning here: one line naming the stack
         from tftorus.without_horovod import missing
         raise missing("tftorus", name)
