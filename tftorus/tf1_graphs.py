@@ -46,7 +46,9 @@ def lifted_graph() -> Optional[tf.Graph]:
 class SessionCalls:
     """The calls built in TF1 graphs: each one's number in its graph (every rank that builds
     the same graph numbers them alike), and the last one per set of feeds, which the next one
-    follows."""
+    follows. The number salts the call's instance keys, so no two calls share one: with keys
+    shared along a chain of calls, as eager code shares them, Horovod's suite made TF abort
+    the process (SIGABRT in test_horovod_allgather_variable_size_cpu, in graph mode)."""
 
     def __init__(self):
         self._graphs = weakref.WeakKeyDictionary()  # graph -> _Calls
