@@ -57,10 +57,6 @@ class FacadesTest(tf.test.TestCase):
                     getattr(module, name)
             with self.assertRaises(AttributeError):
                 getattr(module, "no_such_name")
-        with self.assertRaisesRegex(stack.HorovodRequired, r"resume from the last checkpoint"):
-            tftorus.elastic  # noqa: B018
-        with self.assertRaisesRegex(stack.HorovodRequired, r"tftorus\.keras\.elastic.*checkpoint"):
-            import tftorus.keras.elastic  # noqa: F401
         with self.assertRaisesRegex(stack.HorovodRequired, r"engine='horovod' needs Horovod"):
             tftorus.init(engine="horovod")
 
@@ -86,6 +82,19 @@ class FacadesOnTwoWorkersTest(tf.test.TestCase):
         counts = re.findall(r"facade_check: (\d+) checks, 0 failed", result.output)
         self.assertEqual(len(counts), 2, harness.describe(result))
         self.assertGreaterEqual(min(int(c) for c in counts), 12)
+
+    def test_elastic_states_and_a_lost_worker(self):
+        """hvd.elastic over a world of fixed size (tests/workers/elastic_fixed_world.py): the
+        states' sync, commit and restore, KerasState in fit with Horovod's callbacks, and a
+        lost worker inside run(): CollectiveError with the last commit kept."""
+        result = harness.run_tf_config([harness.worker("elastic_fixed_world.py")], np=2,
+                                       timeout=240, env={"TFTORUS_TF_TIMEOUT": "10"},
+                                       after_a_failure=60)
+        self.assertEqual(result.returncodes[0], 0, harness.describe(result))
+        self.assertIn("[rank 0] LOST WORKER SEEN", result.output, harness.describe(result))
+        count = re.findall(r"\[rank 0\] (\d+) checks, 0 failed", result.output)
+        self.assertEqual(len(count), 1, harness.describe(result))
+        self.assertEqual(int(count[0]), 16, harness.describe(result))
 
 
 if __name__ == "__main__":

@@ -200,7 +200,7 @@ class CurrentStackTest(unittest.TestCase):
         for section in read_page():
             try:
                 module, module_error = tftorus_module(section.tftorus), None
-            except stack.HorovodRequired as e:  # a whole module refused (elastic)
+            except stack.HorovodRequired as e:  # a whole module refused
                 module, module_error = None, e
             for row in section.rows.values():
                 what = f"{section.tftorus}.{row.name}"
@@ -239,6 +239,19 @@ class CurrentStackTest(unittest.TestCase):
                     self.assertNotIn(row.name, module.__all__, section.tftorus)
                 elif not isinstance(getattr(module, row.name), types.ModuleType):
                     self.assertIn(row.name, module.__all__, section.tftorus)
+
+    def test_the_suites_tests_listed_as_invalid_fail_on_tensorflow_alone(self):
+        """Horovod's suite tests the page calls invalid on TensorFlow 2.21 / Keras 3: their
+        failing line, run without tftorus, fails; the page names each with its reason."""
+        from studies import horovod_suite
+        with open(PAGE, encoding="utf-8") as f:
+            page = f.read()
+        for name, (why, line, _) in horovod_suite.INVALID_ON_KERAS_3.items():
+            with self.subTest(name):
+                self.assertIsNotNone(horovod_suite.plain_tensorflow_error(line), name)
+                self.assertTrue(f"`{name}`" in page, f"{name} is not on {PAGE}")
+                self.assertTrue(why in " ".join(page.split()),
+                                f"{PAGE} does not give {name}'s reason: {why}")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from tensorflow.python.framework import errors
 
 from tests import harness
 from tftorus import peer_health
+from tftorus.tf_collective_engine import EAGER_TIMED_LIMIT
 
 
 class FakeClock:
@@ -114,13 +115,19 @@ class VerdictTest(tf.test.TestCase):
 
 
 class RealPeersTest(tf.test.TestCase):
-    def test_a_steps_collectives_take_no_threads(self):
+    def test_collectives_take_few_threads(self):
         result = harness.run_tf_config([harness.worker("thread_count.py")], np=2, timeout=180)
         self.assertEqual(result.returncode, 0, harness.describe(result))
-        grown = [int(g) for g in re.findall(r"threads grew by (-?\d+) over 1000", result.output)]
+        grown = [int(g) for g in re.findall(r"threads grew by (-?\d+) over 1000 collectives",
+                                             result.output)]
         self.assertEqual(len(grown), 2, harness.describe(result))
         for g in grown:  # TF's per-op timeout would add 2 threads per collective: 2000
             self.assertLess(g, 50, harness.describe(result))
+        eager = [int(g) for g in re.findall(r"threads grew by (-?\d+) over 1000 eager",
+                                            result.output)]
+        self.assertEqual(len(eager), 2, harness.describe(result))
+        for g in eager:  # at most EAGER_TIMED_LIMIT calls hold TF's 2 threads each
+            self.assertLess(g, 2 * EAGER_TIMED_LIMIT + 50, harness.describe(result))
 
     def test_a_stopped_peer_ends_the_others_within_the_timeout(self):
         timeout = 8

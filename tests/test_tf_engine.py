@@ -14,12 +14,13 @@ import re
 import unittest
 from unittest import mock
 
+import numpy as np
 import tensorflow as tf
 
 import tftorus
 from tests import harness
-from tftorus import context, stack, tf_cluster
-from tftorus.tf_collective_engine import explain, tf_member_order
+from tftorus import context, reduction, stack, tf_cluster
+from tftorus.tf_collective_engine import EagerTimeouts, explain, tf_member_order
 
 
 class ArgumentErrorTest(tf.test.TestCase):
@@ -104,6 +105,20 @@ class DiscoveryTest(tf.test.TestCase):
         self.assertEqual(tf_member_order((0, 1, 2, 10, 11), device), (0, 1, 10, 11, 2))
         self.assertEqual(tf_member_order((4, 10), device), (10, 4))
         self.assertEqual(tf_member_order((1, 3, 5), device), (1, 3, 5))
+
+    def test_eager_timeouts_are_bounded_per_timeout_span(self):
+        now = [0.0]
+        timeouts = EagerTimeouts(300.0, limit=3, clock=lambda: now[0])
+        self.assertEqual([timeouts.take() for _ in range(5)], [300.0, 300.0, 300.0, 0.0, 0.0])
+        now[0] = 299.0
+        self.assertEqual(timeouts.take(), 0.0)
+        now[0] = 300.0  # the first three have let go of their threads
+        self.assertEqual([timeouts.take() for _ in range(4)], [300.0, 300.0, 300.0, 0.0])
+
+    def test_scaling_keeps_float64(self):
+        x = np.array([1.0, 7.0])  # float64 times the float64 factor, rounded once
+        self.assertAllEqual(reduction._scale(tf.constant(x), 1 / 3).numpy(), x * (1 / 3))
+        self.assertAllEqual(reduction._finish(tf.constant(x), 1.0, 3).numpy(), x * (1 / 3))
 
     def test_explain(self):
         timeout = explain(tf.errors.DeadlineExceededError(

@@ -68,12 +68,14 @@ else:
     from tftorus.horovod_common import (  # Horovod's small helpers, pure Python
         check_num_rank_power_of_2, gpu_available, handle_average_backwards_compatibility,
         split_list)
+    from tftorus import elastic  # Horovod's states and run() over a world of fixed size
     from tftorus.horovod_util import refs_to_vars, vars_to_refs
     from tftorus.keras3 import sync_batch_norm
     from tftorus.keras3.optimizer import DistributedOptimizer
     from tftorus.keras3.sync_batch_norm import SyncBatchNormalization
     from tftorus.without_horovod import (  # Horovod's names, answered by the tf engine
-        Adasum, Average, DistributedGradientTape, Max, Min, ProcessSet, Product, Sum,
+        Adasum, Average, DistributedGradientTape, Max, Min, PartialDistributedGradientTape,
+        ProcessSet, Product, Sum,
         _executing_eagerly, add_process_set, allgather, allgather_object, allreduce, alltoall,
         broadcast, broadcast_, broadcast_global_variables, broadcast_object, broadcast_object_fn,
         broadcast_variables, ccl_built, cross_rank, cross_size, cuda_built, ddl_built, functions,
@@ -93,8 +95,8 @@ else:
         "process_set_included_op", "is_initialized", "mpi_built", "mpi_enabled",
         "mpi_threads_supported", "gloo_built", "gloo_enabled", "nccl_built", "ddl_built",
         "ccl_built", "cuda_built", "rocm_built",
-        # Horovod's submodules: its collectives, object functions and util
-        "mpi_ops", "functions", "util",
+        # Horovod's submodules: its collectives, object functions and util; elastic
+        "mpi_ops", "functions", "util", "elastic", "PartialDistributedGradientTape",
     ]
     __all__ += ["SyncBatchNormalization", "sync_batch_norm"]  # Keras 3's, tftorus.keras3
     __all__ += ["check_num_rank_power_of_2", "gpu_available",

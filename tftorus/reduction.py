@@ -101,7 +101,9 @@ def _scale(tensor, factor: float):
         if factor >= 1.0 and float(factor).is_integer():
             return tensor * tf.cast(int(factor), tensor.dtype)
         return tf.cast(tf.cast(tensor, tf.float64) * factor, tensor.dtype)  # truncates
-    return tensor * tf.cast(factor, tensor.dtype)
+    # tf.constant, not tf.cast: a Python float cast goes through float32 first, which would
+    # round a float64 tensor's 1/3 to float32's (3e-8 apart)
+    return tensor * tf.constant(factor, tensor.dtype)
 
 
 def _finish(tensor, postscale_factor: float, divisor: int):

@@ -54,19 +54,23 @@ Empty tensors never reach TF: an all-gather or all-to-all of zero elements crash
 (SIGSEGV) in TF 2.15.
 
 Failures: the timeout (TFTORUS_TF_TIMEOUT, default 300 s) is how long a peer may be gone.
-Eager collectives (start-up, barriers, broadcasts) carry it as TF's per-op timeout; collectives
-in a traced step carry none, because TF holds two threads asleep for the whole timeout of every
-op given one (thousands per rank at a step's rate: tftorus/peer_health.py), and a thread per
-process that probes the peers (`PeerHealthMonitor`) aborts the collectives when one is lost. A
+Eager collectives (start-up, barriers, broadcasts) carry it as TF's per-op timeout, at most
+EAGER_TIMED_LIMIT of them in any timeout's span (`EagerTimeouts`); collectives in a traced step
+and eager ones beyond that carry none, because TF holds two threads asleep for the whole timeout
+of every op given one (thousands per rank at a step's rate: tftorus/peer_health.py; an eager
+loop of `hvd.allreduce` calls piles them up alike), and a thread per process that probes the
+peers (`PeerHealthMonitor`) aborts the collectives when one is lost. A
 collective that fails (a peer died, was lost, or ran different code) aborts this process'
 collective executor for good; every later collective fails at once. Eager calls raise
 `CollectiveError` (a RuntimeError) saying so; inside tf.function wrap the step call in
 `translate_errors()` for the same message.
 """
+import collections
 import contextlib
 import hashlib
 import os
 import threading
+import time
 import weakref
 from typing import Dict, Iterable, Optional, Sequence, Tuple
 
@@ -90,10 +94,35 @@ _GATHERV_SPAN = 32  # a variable-size all-gather pads to a power of two: one key
 _MOVE_DTYPES = (tf.float16, tf.float32, tf.float64, tf.int32, tf.int64)  # GatherV2's types
 DEFAULT_MAX_MESSAGE_BYTES = 16 << 20  # largest block one all-to-all / all-gather sends (see above)
 CPU_MAX_BUCKET_BYTES = 32 << 20  # the largest bucket the planner makes on CPUs (see above)
+EAGER_TIMED_LIMIT = 64  # eager collectives with TF's timeout at once: 2 threads each (above)
 
 
 class CollectiveError(RuntimeError):
     """A TF collective failed; this process can run no further collective (restart the job)."""
+
+
+class EagerTimeouts:
+    """TF's per-op timeout for eager collectives, given to at most `limit` of them within any
+    `timeout` seconds. Each one holds two threads for the whole timeout, finished or not, so an
+    eager loop of collectives would pile up thousands; past the limit a call goes without one,
+    covered by the peer health monitor like a traced step's. The few calls of start-up and
+    barriers keep it, which also catches a live peer that never calls."""
+
+    def __init__(self, timeout: float, limit: int = EAGER_TIMED_LIMIT, clock=time.monotonic):
+        self.timeout, self.limit, self._clock = timeout, limit, clock
+        self._started = collections.deque()
+        self._lock = threading.Lock()
+
+    def take(self) -> float:
+        """The timeout for the next eager collective: `timeout`, or 0.0 (none) past the limit."""
+        now = self._clock()
+        with self._lock:
+            while self._started and now - self._started[0] >= self.timeout:
+                self._started.popleft()
+            if len(self._started) >= self.limit:
+                return 0.0
+            self._started.append(now)
+            return self.timeout
 
 
 def _hash(text: str, low: int, high: int) -> int:
@@ -162,6 +191,7 @@ class TFCollectiveCommunicator(Communicator):
         self.timeout = float(timeout if timeout is not None else cluster.timeout)
         if self.timeout <= 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+        self._eager_timeouts = EagerTimeouts(self.timeout)
         gpu = bool(tf.config.list_logical_devices("GPU")) if cluster.size > 1 else False
         self._device = (f"{cluster.task(cluster.rank)}/device:GPU:0" if gpu else cluster.device)
         self._hint = "nccl" if gpu else "auto"
@@ -320,12 +350,12 @@ class TFCollectiveCommunicator(Communicator):
             return build()
 
     def _args(self, group: Group, signature: tuple, span: int = 1):
-        # TF's per-op timeout only eagerly: in a step it would cost two threads per op for the
-        # whole timeout; the peer health monitor covers those (module docstring)
+        # TF's per-op timeout only eagerly and a bounded number at once: it costs two threads
+        # per op for the whole timeout; the peer health monitor covers the rest (docstring)
         return dict(group_size=len(group), group_key=self.group_key(group),
                     instance_key=self.instance_key(group, signature, span),
                     communication_hint=self._hint,
-                    timeout=self.timeout if tf.executing_eagerly() else 0.0,
+                    timeout=self._eager_timeouts.take() if tf.executing_eagerly() else 0.0,
                     ordering_token=self._token(group))
 
     def _reduce_scatter(self, tensor, group):

@@ -8,6 +8,7 @@ Horovod's util tftorus/horovod_util.py. A Horovod name with no meaning here rais
 `tftorus.stack.HorovodRequired` (one line naming the classic stack, and what to use) through
 `missing()`, which the facades' module __getattr__ calls.
 """
+import keras
 import tensorflow as tf
 
 from tftorus import context, process_sets, reduction, stack, tf_cluster
@@ -35,8 +36,6 @@ _ACCUMULATION = ("Horovod's own accumulation for backward_passes_per_step: give 
 #: Horovod names the facades do not give on this stack, and what to use instead
 #: (docs/horovod_compatibility.md shows them; tests/test_horovod_compatibility.py holds them).
 HOROVOD_ONLY = {
-    "elastic": "elastic training re-forms Horovod's world; on this stack resume from the last "
-               "checkpoint on the new world size (run_scripts/train.py does: --resume=auto)",
     "join": "a rank that has joined must answer the others' later collectives for them, which "
             "Horovod's background thread does and TF's collectives (each issued by every "
             "member) cannot; give every rank the same number of steps instead, agreed with "
@@ -48,8 +47,6 @@ HOROVOD_ONLY = {
                                   "in eager mode too): use callbacks."
                                   "BroadcastGlobalVariablesCallback(0) or "
                                   "broadcast_variables(model.variables, root_rank=0)",
-    "PartialDistributedGradientTape": "use DistributedGradientTape and its "
-                                      "register_local_source(v) for each local layer's variable",
     "start_timeline": _TIMELINE,
     "stop_timeline": _TIMELINE,
     "torus_gradient_reduction": "it swaps Horovod's reduction; DistributedOptimizer and "
@@ -157,6 +154,14 @@ class _DistributedGradientTape:
                 out[i] = out[i] / tf.cast(self._size, out[i].dtype)
         return tf.nest.pack_sequence_as(grads, out)
 
+    def get_local_and_global_gradients(self, target, sources, output_gradients=None):
+        """gradient(), split: ([(local source, gradient)], [(shared source, gradient)])."""
+        grads = self.gradient(target, sources, output_gradients)
+        local, shared = [], []
+        for source, grad in zip(sources, grads):
+            (local if self._is_local(source) else shared).append((source, grad))
+        return local, shared
+
     def __getattr__(self, name):
         return getattr(self._tape, name)
 
@@ -185,3 +190,27 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="",
         groups if groups is not None else (num_groups or None),
         None if whole else process_set, options)
     return _DistributedGradientTape(gradtape, reduce, scale_local_gradients, size)
+
+
+def PartialDistributedGradientTape(gradtape, device_dense="", device_sparse="",
+                                   compression=Compression.none, sparse_as_dense=False,
+                                   op=Average, gradient_predivide_factor=1.0, num_groups=0,
+                                   groups=None, process_set=None, local_layers=None,
+                                   scale_local_gradients=True, **torus):
+    """Horovod's PartialDistributedGradientTape: DistributedGradientTape whose `local_layers`
+    (a Keras layer or a list of them) keep their gradients on each worker, scaled by 1/size
+    unless scale_local_gradients=False."""
+    if local_layers is None:
+        local_layers = []
+    elif isinstance(local_layers, keras.layers.Layer):
+        local_layers = [local_layers]
+    if not all(isinstance(layer, keras.layers.Layer) for layer in local_layers):
+        raise ValueError("local_layers must be Keras layers (keras.layers.Layer), got "
+                         f"{[type(layer).__name__ for layer in local_layers]}")
+    tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression,
+                                   sparse_as_dense, op, gradient_predivide_factor, num_groups,
+                                   groups, process_set, scale_local_gradients, **torus)
+    for layer in local_layers:
+        for variable in layer.trainable_weights:
+            tape.register_local_source(variable)
+    return tape

@@ -5,7 +5,7 @@
 `import tftorus as hvd` and `import tftorus.keras as hvd` as a Horovod user's script calls them:
 the queries, allreduce (Average, Sum, prescale), allgather with sizes that differ per rank,
 broadcast (floats, ints, bools), broadcast_variables, broadcast_object, allgather_object, and
-DistributedGradientTape, each against its exact value. Prints "facade_check: N checks, M failed".
+DistributedGradientTape and PartialDistributedGradientTape, each against its exact value. Prints "facade_check: N checks, M failed".
 """
 import numpy as np
 
@@ -57,6 +57,22 @@ with tf.GradientTape() as tape:
 grads = hvd.DistributedGradientTape(tape).gradient(loss, [w])
 check("DistributedGradientTape", grads[0], np.array([2.0, 4.0]) * np.mean(
     [r + 1 for r in range(size)]))
+# PartialDistributedGradientTape: a Keras layer's gradient stays local (over size), the
+# other's is averaged
+local, shared = keras.layers.Dense(1, use_bias=False), keras.layers.Dense(1, use_bias=False)
+x = tf.constant([[float(rank + 1)]])
+local(x), shared(x)
+local.kernel.assign([[1.0]]), shared.kernel.assign([[1.0]])
+with tf.GradientTape(persistent=True) as tape:
+    loss = tf.reduce_sum(local(x) + shared(x))
+partial = hvd.PartialDistributedGradientTape(tape, local_layers=local)
+sources = [local.kernel, shared.kernel]
+check("PartialDistributedGradientTape", np.array(partial.gradient(loss, sources)).ravel(),
+      [(rank + 1) / size, np.mean([r + 1 for r in range(size)])])
+mine, others = partial.get_local_and_global_gradients(loss, sources)
+check("get_local_and_global_gradients", [len(mine), len(others), mine[0][0] is local.kernel,
+                                         float(np.ravel(others[0][1])[0])],
+      [1, 1, True, np.mean([r + 1 for r in range(size)])])
 print(f"[rank {rank}] facade_check: {checks} checks, {len(failed)} failed", flush=True)
 hvd.shutdown()
 raise SystemExit(1 if failed else 0)

@@ -8,9 +8,9 @@ Everything exported is listed in __all__.
 Where Horovod is installed (the classic stack: Keras 2) every other public name of
 horovod.tensorflow.keras is Horovod's own, and `elastic` is tftorus.keras.elastic (Horovod's
 elastic Keras API, the torus re-formed on every reset). Where it is not (the current stack:
-Keras 3), the optimizer, load_model and callbacks are tftorus.keras3's, the queries and
-collectives tftorus.without_horovod's, and Horovod's other names raise one line naming the
-classic stack.
+Keras 3), the optimizer, load_model, callbacks and elastic's states and callbacks are
+tftorus.keras3's (elastic over a world of fixed size), the queries and collectives
+tftorus.without_horovod's, and Horovod's other names raise one line naming the classic stack.
 """
 from tftorus import stack
 from tftorus.batch_size_control import BatchSizeControl
@@ -45,6 +45,7 @@ if stack.HOROVOD:
 else:
     from tftorus import horovod_collectives as _collectives
     from tftorus.horovod_common import is_version_greater_equal_than
+    from tftorus.keras import elastic  # Horovod's Keras states and callbacks, a fixed world
     from tftorus.keras3 import callbacks
     from tftorus.keras3.optimizer import DistributedOptimizer, load_model
     from tftorus.keras3.sync_batch_norm import SyncBatchNormalization
@@ -81,7 +82,7 @@ else:
 
     __all__ = _OWN + _QUERIES + [
         "broadcast_object", "broadcast_variables", "ProcessSet", "global_process_set",
-        "add_process_set", "remove_process_set", "reducescatter"]
+        "add_process_set", "remove_process_set", "reducescatter", "elastic"]
 
     __all__ += ["SyncBatchNormalization",  # horovod.tensorflow's, for Keras 3 models
                 "is_version_greater_equal_than"]

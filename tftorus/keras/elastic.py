@@ -1,38 +1,17 @@
-"""`hvd.elastic` of `import tftorus.keras as hvd`: Horovod's Keras elastic API over the torus.
-
-KerasState is tftorus.elastic.TensorFlowKerasState for tf.keras (the optimizer's slots made on
-every rank, the model's traced functions dropped on reset, so fit retraces for each world);
-run() re-forms the torus on every reset. The callbacks are Horovod's own: they commit and count
-batches and epochs, and touch no collective.
-
-    state = hvd.elastic.KerasState(model, batch=0, epoch=0)
-
-    @hvd.elastic.run
-    def train(state):
-        model.fit(..., initial_epoch=state.epoch, callbacks=[
-            hvd.elastic.CommitStateCallback(state), hvd.elastic.UpdateBatchStateCallback(state),
-            hvd.elastic.UpdateEpochStateCallback(state)])
-"""
+"""`hvd.elastic` of `import tftorus.keras as hvd`: Horovod's Keras elastic API, on each stack its
+own way: tftorus/keras/elastic_horovod.py on the classic stack (the torus re-formed on every
+reset), tftorus/keras3/elastic.py on the current one (a world that keeps its size)."""
 from tftorus import stack
 
-if not stack.HOROVOD:  # the current stack: no elastic driver to re-form a world
-    from tftorus.without_horovod import missing
-    raise missing("tftorus.keras", "elastic")
+if stack.HOROVOD:
+    from tftorus.keras.elastic_horovod import (  # noqa: F401
+        CommitStateCallback, KerasState, TensorFlowKerasState, UpdateBatchStateCallback,
+        UpdateEpochStateCallback, run)
+else:
+    from tftorus.keras3.elastic import (  # noqa: F401
+        CommitStateCallback, KerasState, TensorFlowKerasState, UpdateBatchStateCallback,
+        UpdateEpochStateCallback, run)
 
-import tensorflow as tf
-from horovod.tensorflow.keras.elastic import (  # noqa: F401  Horovod's own, unchanged
-    CommitStateCallback, UpdateBatchStateCallback, UpdateEpochStateCallback)
-
-from tftorus.elastic import TensorFlowKerasState, run
-
-
-class KerasState(TensorFlowKerasState):
-    """`horovod.tensorflow.keras.elastic.KerasState`: a tf.keras model and its optimizer (the
-    compiled one unless given), plus `kwargs` as attributes, committed and broadcast."""
-
-    def __init__(self, model, optimizer=None, **kwargs):
-        super().__init__(model, optimizer=optimizer, backend=tf.keras.backend, **kwargs)
-
-
+del stack
 __all__ = ["KerasState", "CommitStateCallback", "UpdateBatchStateCallback",
            "UpdateEpochStateCallback", "run"]
