@@ -3,6 +3,7 @@
     git clone --depth 1 --branch v0.28.1 https://github.com/horovod/horovod /tmp/horovod
     .venv-current/bin/python -m studies.horovod_suite /tmp/horovod -np 2 4     # current stack
     .venv/bin/python -m studies.horovod_suite /tmp/horovod -np 2               # classic stack
+    .venv/bin/python -m studies.horovod_suite /tmp/horovod -np 2 --as-shipped  # Horovod itself
     .venv-current/bin/python -m studies.horovod_suite /tmp/horovod -np 2 -k alltoall
 
 What a Horovod user moving to tftorus does: Horovod's test/parallel/test_tensorflow.py with one
@@ -157,8 +158,11 @@ def read_sources(source: str, ref: str) -> Dict[str, str]:
     return out
 
 
-def adapt(text: str, path: str) -> str:
-    """The one line a user changes, and the internals given here (see the module docstring)."""
+def adapt(text: str, path: str, as_shipped: bool = False) -> str:
+    """The one line a user changes, and the internals given here (see the module docstring);
+    as_shipped: Horovod's own import kept (the classic stack's reference)."""
+    if as_shipped:
+        return text
     if os.path.basename(path) == "test_tensorflow.py":
         if IMPORT_HVD not in text:
             raise SystemExit(f"horovod_suite: {path} has no {IMPORT_HVD!r}: is it Horovod 0.28.1's?")
@@ -166,10 +170,10 @@ def adapt(text: str, path: str) -> str:
     return text.replace(IMPORT_EAGER, "_executing_eagerly = tf.executing_eagerly")
 
 
-def prepare(sources: Dict[str, str], workdir: str) -> str:
+def prepare(sources: Dict[str, str], workdir: str, as_shipped: bool = False) -> str:
     for path, text in sources.items():
         with open(os.path.join(workdir, os.path.basename(path)), "w") as f:
-            f.write(adapt(text, path))
+            f.write(adapt(text, path, as_shipped))
     for name, text in (("common.py", COMMON_PY), ("conftest.py", CONFTEST_PY)):
         with open(os.path.join(workdir, name), "w") as f:
             f.write(text)
@@ -243,10 +247,11 @@ def reason_of(message: str) -> str:
 
 
 def run(source_files: Dict[str, str], np: int, pytest_args: Sequence[str], timeout: float,
-        keep: Optional[str]) -> Tuple[Dict[str, int], List[Tuple[str, str]], str]:
+        keep: Optional[str], as_shipped: bool = False
+        ) -> Tuple[Dict[str, int], List[Tuple[str, str]], str]:
     workdir = keep or tempfile.mkdtemp(prefix="horovod_suite_")
     os.makedirs(workdir, exist_ok=True)
-    prepare(source_files, workdir)
+    prepare(source_files, workdir, as_shipped)
     env = dict(os.environ)
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (repo, env.get("PYTHONPATH")) if p)
@@ -280,7 +285,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--list", action="store_true", help="print every failed test")
     p.add_argument("--log", default=None, help="write each job's whole output to LOG.np<N>")
     p.add_argument("--keep", default=None, help="prepare and run in this folder, kept")
+    p.add_argument("--as-shipped", action="store_true",
+                   help="the suite unchanged, `import horovod.tensorflow as hvd` (classic stack "
+                        "only): Horovod's own results, to set beside tftorus'")
     args = p.parse_args(argv)
+    if args.as_shipped and not horovod_installed():
+        p.error("--as-shipped runs Horovod itself: use the classic stack (.venv/bin/python)")
     if any(n < 1 for n in args.np):
         p.error("-np: world sizes must be >= 1")
     return args
@@ -290,9 +300,11 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     files = read_sources(args.source, args.ref)
     stack = "classic (Horovod's engine)" if horovod_installed() else "current (the tf engine)"
+    stack += ", Horovod's own import" if args.as_shipped else ", import tftorus as hvd"
     pytest_args = ["-k", args.k] if args.k else []
     for np in args.np:
-        counts, failed, output = run(files, np, pytest_args, args.timeout, args.keep)
+        counts, failed, output = run(files, np, pytest_args, args.timeout, args.keep,
+                                     args.as_shipped)
         if args.log:
             with open(f"{args.log}.np{np}", "w") as f:
                 f.write(output)

@@ -133,7 +133,7 @@ def _capacity(largest, signature: tuple):
 def _args(comm, group: Group, signature: tuple, offset=None, token: bool = True):
     """The engine's collective arguments; `offset` (from _capacity) picks one of _SPAN keys."""
     padded = offset is not None and not _eager()
-    args = comm._args(group, signature, span=_SPAN if padded else 1)
+    args = comm.collective_args(group, signature, span=_SPAN if padded else 1)
     args["timeout"] = 0.0  # see the module docstring
     if padded:
         args["instance_key"] = args["instance_key"] + offset
@@ -173,7 +173,7 @@ def gather_rows(comm, tensor: tf.Tensor, group: Group) -> tf.Tensor:
             tf.reshape(wire, [1, -1]),
             **_args(comm, group, ("hvd_gather", wire.dtype.name, tuple(shape))))
         return _from_tf_order(comm, out, group)
-    return from_wire(tf.reshape(comm._run(build), [n] + shape), tensor.dtype)
+    return from_wire(tf.reshape(comm.run_collectives(build), [n] + shape), tensor.dtype)
 
 
 def gather_varying(comm, tensors: Sequence[tf.Tensor], rows, group: Group) -> List[tf.Tensor]:
@@ -214,7 +214,7 @@ def _gather_one_dtype(comm, tensors, rows, group):
         out = collective_ops.all_gather_v2(tf.reshape(mine, [1, -1]),
                                            **_args(comm, group, signature, offset))
         return _from_tf_order(comm, out, group)  # [n, sum of capacity * row size]
-    gathered = comm._run(build)
+    gathered = comm.run_collectives(build)
     widths = [tf.cast(capacity, tf.int64) * s for s in row_sizes]
     results = []
     for k, (part, rest, tensor) in enumerate(
@@ -254,7 +254,7 @@ def all_to_all(comm, tensor: tf.Tensor, sends, group: Group) -> tf.Tensor:
             **_args(comm, group, signature, offset))
         shape = tf.concat([tf.constant([n], tf.int64), _shape(capacity, rest)], 0)
         return _from_tf_order(comm, tf.reshape(out, shape), group)
-    got = comm._run(build)
+    got = comm.run_collectives(build)
     kept = [got[j, :received[j]] for j in range(n)]
     return from_wire(tf.concat(kept, 0), tensor.dtype)
 
@@ -275,7 +275,7 @@ def reduce(comm, tensors: Sequence[tf.Tensor], group: Group, op: str) -> List[tf
             flat, merge_op=_MERGE[op], final_op="Id",
             **_args(comm, group, ("hvd_reduce", _MERGE[op], wire_dtype.name,
                                   int(flat.shape[0]))))
-    total = tf.cast(comm._run(build), dtype)
+    total = tf.cast(comm.run_collectives(build), dtype)
     sizes = [t.shape.num_elements() for t in tensors]
     return [tf.reshape(p, t.shape) for p, t in zip(tf.split(total, sizes), tensors)]
 
@@ -299,7 +299,7 @@ def reduce_scatter(comm, blocks: tf.Tensor, group: Group) -> tf.Tensor:
             **_args(comm, group, ("hvd_reduce_scatter", wire_dtype.name,
                                   tuple(wire.shape.as_list()))))
         return _from_tf_order(comm, tf.reshape(out, wire.shape), group)
-    return tf.cast(sum_in_fp32(comm._run(build)), dtype)
+    return tf.cast(sum_in_fp32(comm.run_collectives(build)), dtype)
 
 
 def broadcast(comm, tensors: Sequence[tf.Tensor], root: int, group: Group) -> List[tf.Tensor]:
@@ -318,6 +318,6 @@ def broadcast(comm, tensors: Sequence[tf.Tensor], root: int, group: Group) -> Li
         if comm.rank == root:
             return collective_ops.broadcast_send_v2(flat, **args)
         return collective_ops.broadcast_recv_v2(shape=[size], dtype=flat.dtype, **args)
-    values = from_wire(comm._run(build), dtype)
+    values = from_wire(comm.run_collectives(build), dtype)
     sizes = [t.shape.num_elements() for t in tensors]
     return [tf.reshape(p, t.shape) for p, t in zip(tf.split(values, sizes), tensors)]

@@ -308,7 +308,7 @@ def _torus_sum(comm, tensors):
     if not tf.executing_eagerly():
         return run(*tensors)
     # inside a TF1 session's call its keys carry the call's salt: one function per salt
-    salt = comm._session_salt() if hasattr(comm, "_session_salt") else ()
+    salt = comm.session_salt() if hasattr(comm, "session_salt") else ()
     key = (context.generation(), salt, tuple((t.dtype, tuple(t.shape)) for t in tensors))
     if key not in _TORUS_FUNCTIONS:
         _TORUS_FUNCTIONS[key] = tf.function(run, autograph=False)

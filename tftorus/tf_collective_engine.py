@@ -281,7 +281,7 @@ class TFCollectiveCommunicator(Communicator):
         """A key (or the first of `span` consecutive keys) for this collective in `group`."""
         with self._lock:
             signature = (signature + (self._signature_count((group,) + signature),)
-                         + self._session_salt())
+                         + self.session_salt())
             keys = self._instance_keys.setdefault(group, {})
             used = self._used_instance_keys.setdefault(group, set())
             if signature not in keys:
@@ -292,7 +292,7 @@ class TFCollectiveCommunicator(Communicator):
                 used.update(range(key, key + span))
             return keys[signature]
 
-    def _session_salt(self) -> tuple:
+    def session_salt(self) -> tuple:
         """Inside a TF1 session's call (`as_one_call`), the call's number in its graph: two
         calls a session runs at once then never share an instance key."""
         call = getattr(self._session_call, "number", None)
@@ -317,7 +317,7 @@ class TFCollectiveCommunicator(Communicator):
         """In a TF1 graph, `fn`'s collectives as one py_function that runs them eagerly, on the
         cluster's runtime, when the session runs it (tftorus/tf1_graphs.py says why and in
         which order). The call's number in its graph goes into its instance keys
-        (`_session_salt`), so calls a session runs at the same time never share one. Elsewhere
+        (`session_salt`), so calls a session runs at the same time never share one. Elsewhere
         (and for no outputs: each primitive is then a call of its own): fn(tensors)."""
         graph = tf1_graphs.lifted_graph()
         if graph is None or not outputs:
@@ -341,7 +341,7 @@ class TFCollectiveCommunicator(Communicator):
 
     # -- the three primitives ---------------------------------------------------------------
 
-    def _run(self, build):
+    def run_collectives(self, build):
         """Build (graph) or run (eager) collectives; eager failures become CollectiveError."""
         if not tf.executing_eagerly():
             with tf.device(self._device):
@@ -349,7 +349,9 @@ class TFCollectiveCommunicator(Communicator):
         with translate_errors(self.timeout), tf.device(self._device):
             return build()
 
-    def _args(self, group: Group, signature: tuple, span: int = 1):
+    def collective_args(self, group: Group, signature: tuple, span: int = 1):
+        """The keys, token and timeout of one TF collective op over `group` (its keyword
+        arguments; tftorus/group_collectives.py builds ops of its own with them)."""
         # TF's per-op timeout only eagerly and a bounded number at once: it costs two threads
         # per op for the whole timeout; the peer health monitor covers the rest (docstring)
         return dict(group_size=len(group), group_key=self.group_key(group),
@@ -375,7 +377,7 @@ class TFCollectiveCommunicator(Communicator):
             chunks = tf.gather(chunks, [group.index(m) for m in order])
         if self.reduce_scatter_impl == "native":
             def build():
-                args = self._args(group, ("reduce_scatter", "Add", tensor.dtype.name,
+                args = self.collective_args(group, ("reduce_scatter", "Add", tensor.dtype.name,
                                           tuple(tensor.shape.as_list())))
                 return gen_collective_ops.collective_reduce_scatter_v2(
                     tf.reshape(chunks, [-1]), group_size=args["group_size"],
@@ -383,16 +385,16 @@ class TFCollectiveCommunicator(Communicator):
                     ordering_token=[args["ordering_token"]], merge_op="Add", final_op="Id",
                     communication_hint=args["communication_hint"],
                     timeout_seconds=args["timeout"])
-            return self._run(build)
+            return self.run_collectives(build)
 
         def build():
             received = [collective_ops.all_to_all_v2(
-                piece, **self._args(group, ("all_to_all", tensor.dtype.name,
+                piece, **self.collective_args(group, ("all_to_all", tensor.dtype.name,
                                             tuple(piece.shape.as_list()))))
                 for piece in self._pieces(chunks)]
             received = received[0] if len(received) == 1 else tf.concat(received, axis=1)
             return sum_in_fp32(received)  # [n, shard] from every member -> this member's sum
-        return self._run(build)
+        return self.run_collectives(build)
 
     def _all_reduce(self, tensor, group, op):
         tensor = tf.convert_to_tensor(tensor)
@@ -409,9 +411,9 @@ class TFCollectiveCommunicator(Communicator):
         def build():
             return collective_ops.all_reduce_v2(
                 tensor, merge_op=_MERGE_OPS[op], final_op="Id",
-                **self._args(group, ("all_reduce", _MERGE_OPS[op], tensor.dtype.name,
+                **self.collective_args(group, ("all_reduce", _MERGE_OPS[op], tensor.dtype.name,
                                      tuple(tensor.shape.as_list()))))
-        return self._run(build)
+        return self.run_collectives(build)
 
     def _all_gather(self, tensor, group, equal_sizes=False):
         tensor = tf.convert_to_tensor(tensor)
@@ -442,13 +444,13 @@ class TFCollectiveCommunicator(Communicator):
         def build():
             pieces = self._pieces(tf.reshape(tensor, [1, -1]))
             outs = [collective_ops.all_gather_v2(
-                piece, **self._args(group, ("all_gather", tensor.dtype.name,
+                piece, **self.collective_args(group, ("all_gather", tensor.dtype.name,
                                             tuple(piece.shape.as_list()))))
                 for piece in pieces]  # each [n, piece]: member j's piece in TF's row j
             out = outs[0] if len(outs) == 1 else tf.concat(outs, axis=1)
             out = tf.reshape(out, [n * shape[0]] + shape[1:])
             return self._to_group_order(out, group, shape[0])
-        return self._run(build)
+        return self.run_collectives(build)
 
     def _pieces(self, blocks):
         """Split [n, m] blocks along m so one member's block is at most max_message_bytes;
@@ -488,11 +490,11 @@ class TFCollectiveCommunicator(Communicator):
         padded = tf.pad(tensor, [[0, capacity - rows[0]]] + [[0, 0]] * len(rest))
 
         def build():
-            args = self._args(group, ("all_gather_v", tensor.dtype.name, tuple(rest)),
+            args = self.collective_args(group, ("all_gather_v", tensor.dtype.name, tuple(rest)),
                               span=_GATHERV_SPAN)
             args["instance_key"] = args["instance_key"] + exponent  # one key per capacity
             return collective_ops.all_gather_v2(padded, **args)
-        out = self._run(build)
+        out = self.run_collectives(build)
         blocks = tf.reshape(out, tf.concat([[n, capacity], rest], 0))
         order = self.tf_order(group)
         pieces = [blocks[order.index(m), :sizes[i]] for i, m in enumerate(group)]
