@@ -1,14 +1,7 @@
 """`hvd.elastic` of `import tftorus.keras as hvd` on the current stack (Keras 3): KerasState and
-Horovod's three Keras callbacks, over a world that keeps its size (tftorus/elastic_fixed_world.py
-says why and what happens when a worker is lost).
-
-    state = hvd.elastic.KerasState(model, batch=0, epoch=0)
-
-    @hvd.elastic.run
-    def train(state):
-        model.fit(..., epochs=total_epochs - state.epoch, callbacks=[
-            hvd.elastic.CommitStateCallback(state), hvd.elastic.UpdateBatchStateCallback(state),
-            hvd.elastic.UpdateEpochStateCallback(state)])
+Horovod's three Keras callbacks, used as with Horovod (docs/reliability.md#elastic-training),
+over a world that keeps its size (tftorus/elastic_fixed_world.py says why and what happens when
+a worker is lost). Give fit the epochs still to run, `epochs=total - state.epoch`.
 """
 import keras
 
