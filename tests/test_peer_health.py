@@ -26,6 +26,7 @@ class Peers:
         self.state = state
 
     def __call__(self, task, timeout_ms):
+        self.longest_wait_ms = max(getattr(self, "longest_wait_ms", 0), timeout_ms)
         what = self.state[task]
         if what == "refused":
             raise errors.UnavailableError(None, None, "connection refused")
@@ -107,6 +108,13 @@ class VerdictTest(tf.test.TestCase):
         cols = [tuple(range(c, size, x)) for c in range(x)]
         peers = peer_health.peers_to_probe(17, size, rows + cols + [tuple(range(size))])
         self.assertEqual(peers, sorted((set(range(16, 32)) | set(range(1, size, x))) - {17}))
+
+    def test_a_probe_waits_briefly(self):
+        """TF's probe holds the GIL while it waits: every Python thread stops that long."""
+        peers, clock = Peers(t1="silent", t2="ok"), FakeClock()
+        m, _ = monitor(peers, clock, timeout=300.0)
+        m.check_once()
+        self.assertLessEqual(peers.longest_wait_ms, peer_health.PROBE_TIMEOUT * 1000)
 
     def test_interval(self):
         self.assertEqual(peer_health.probe_interval(300), 5.0)

@@ -8,8 +8,9 @@ it, and that timer holds two threads asleep for the whole timeout (measured on T
 timeout had passed; without one, none). A training step sends tens to hundreds of collectives
 (buckets, chunks, the 16-bit wire's all-to-all and all-gather), so a 300 s timeout held
 4,400-8,100 threads per rank and crashed a 4-rank job at the kernel's thread limit. The engine
-therefore gives TF's timeout only to eager collectives (start-up, barriers, broadcasts: a few),
-and this monitor, which is what MultiWorkerMirroredStrategy does too, covers the steps.
+therefore gives TF's timeout only to eager collectives, at most 64 at once (start-up, barriers,
+broadcasts), and this monitor, which is what MultiWorkerMirroredStrategy does too, covers the
+rest.
 
 What it detects, and when (timeout: TFTORUS_TF_TIMEOUT, the cluster's collective timeout):
   - a peer whose server refuses connections (its process died): after MISSES_WHEN_REFUSED
@@ -36,6 +37,12 @@ logger = logging.getLogger(__name__)
 
 MARK = "tftorus peer check"  # starts every abort message (tf_collective_engine.explain keys on it)
 MISSES_WHEN_REFUSED = 3
+#: Longest wait for one probe's answer. TF's probe holds Python's GIL while it waits (its
+#: binding does not release it; measured: a probe of a stopped peer with a 3 s timeout let
+#: another thread run once in those 3 s), so a silent peer's probe stops every Python thread of
+#: this process (the watchdog's heartbeats, Keras' callbacks) for its whole timeout. A loss is
+#: decided by `timeout` seconds without an answer, however many short probes that takes.
+PROBE_TIMEOUT = 0.2
 ALL_PEERS_UP_TO = 64  # beyond this world size, probe only the peers this rank talks to
 
 
@@ -104,7 +111,7 @@ class PeerHealthMonitor:
     def _check_peer(self, peer: int) -> Optional[str]:
         task = self._task_of(peer)
         try:
-            self._probe(task, max(1, int(self.interval * 1000)))
+            self._probe(task, max(1, int(min(self.interval, PROBE_TIMEOUT) * 1000)))
         except errors.FailedPreconditionError:
             return self._message(peer, "restarted: a new process answers at its address, so "
                                        "its part of every collective is gone")
