@@ -18,8 +18,9 @@
 # keeps .venv-current. A current-stack run that collects no test fails; one whose tier holds none
 # of its tests (say --slow) passes, saying so.
 #
-# CI (.ci/run) runs --all. Measured on 2 cores from a fresh clone (2026-11-26, e8a49ad): --all on
-# both stacks 33.0 min with set-up; the default tier 9.1 min with set-up done (987abf4);
+# CI (.ci/run) runs --all. Measured on 2 cores from a fresh clone (2026-11-27, d197b5a, the main
+# job at 487 images/s): --all on both stacks 37.4 min with set-up; the default tier 9.1 min with
+# set-up done (987abf4);
 # --quick about a minute per stack.
 set -uo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
