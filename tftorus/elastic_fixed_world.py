@@ -152,11 +152,6 @@ class TensorFlowState(_VariablesState):
         return self.variables
 
 
-def _optimizer_variables(optimizer) -> list:
-    variables = optimizer.variables
-    return list(variables() if callable(variables) else variables)  # Keras 2: a method
-
-
 class TensorFlowKerasState(_VariablesState):
     """Horovod's TensorFlowKerasState for Keras 3: the model's and optimizer's variables (the
     optimizer's slots made now, so every rank has the same ones to broadcast) and keyword
@@ -177,7 +172,7 @@ class TensorFlowKerasState(_VariablesState):
         super().__init__(**kwargs)
 
     def _variables(self) -> list:
-        return list(self.model.variables) + _optimizer_variables(self.optimizer)
+        return list(self.model.variables) + list(self.optimizer.variables)
 
     def reset(self) -> None:
         for attr in ("train_function", "test_function", "predict_function"):
