@@ -17,8 +17,11 @@ its input on; its backward pass waits its backward time, hands the upstream grad
 makes its variables' gradients. So in a traced step the gradients appear layer by layer in
 backward order, at the times a device would make them, and a DistributedOptimizer's buckets
 can leave while earlier layers still "compute". The waits are a Python sleep in a
-tf.numpy_function: the thread sleeps, the CPU is idle (each sleeping layer holds one of
-TensorFlow's inter-op threads, and Python's GIL only to start and end).
+tf.numpy_function: the thread sleeps, the CPU is idle. Each sleeping layer holds one of
+TensorFlow's inter-op threads for its wait (measured on TF 2.15: k independent 0.2 s waits
+take ceil(k / threads) x 0.2 s), and Python's GIL only to start and end. The layers are a
+chain, so a step holds one thread; with a pool of one (TF_NUM_INTEROP_THREADS=1) nothing could
+run beside a wait, and the model refuses to be built.
 
 Times: `layer_profile` splits a step (default: the paper's V100 step, Table 6 of
 arXiv:1811.05233: 32 images per GPU in 48.2 ms) over the layers by their multiply-add count at
@@ -30,8 +33,9 @@ The waits follow the step's schedule, as a device runs its queue of kernels back
 the host launches ahead: the step's first wait (the first layer's forward) starts the clock,
 and each wait ends its own time after the previous one's end, not after its own start. The
 per-op overhead of the emulation (tens of microseconds per numpy_function) is thereby absorbed
-instead of adding up over a step's 214 waits (107 layers, forward and backward); a wait that starts late (its thread was held, e.g. by the
-GIL) sleeps less, down to zero, and the late ends are in `wait_log` when `record=True`.
+instead of adding up over a step's 214 waits (107 layers, forward and backward); a wait that
+starts late (its thread was held, e.g. by the GIL) sleeps less, down to zero, and the late
+ends are in `wait_log` when `record=True`.
 
 Gradients are real float32 tensors, one fill per variable: every element of variable i's
 gradient is `gradient_value(rank, step, i)`, where step counts the model's forward passes in
@@ -43,6 +47,7 @@ scaling: the loss only carries the dependency).
 This is a study's tool: the tftorus package never imports it.
 """
 import math
+import os
 import threading
 import time
 from typing import List, NamedTuple, Optional, Sequence, Tuple
@@ -301,6 +306,15 @@ class VirtualLayer(keras.layers.Layer):
         return on_the_accelerator(activation, step, *weights)
 
 
+def inter_op_threads() -> int:
+    """TensorFlow's inter-op pool size: as configured, else TF_NUM_INTEROP_THREADS, else one
+    thread per core this process may use (TensorFlow's default)."""
+    configured = tf.config.threading.get_inter_op_parallelism_threads()
+    if not configured:
+        configured = int(os.environ.get("TF_NUM_INTEROP_THREADS") or 0)
+    return configured or len(os.sched_getaffinity(0))
+
+
 class VirtualResNet50(keras.Model):
     """Keras' ResNet-50's trainable variables (zeros), trained in `step_seconds` per step on the
     virtual accelerator, with gradients `expected_gradients(rank, step)`.
@@ -313,6 +327,12 @@ class VirtualResNet50(keras.Model):
                  classes: int = CLASSES, record: bool = False, name: str = "virtual_resnet50"):
         if int(rank) != rank or rank < 0:
             raise ValueError(f"rank must be an integer >= 0, got {rank!r}")
+        if inter_op_threads() < 2:
+            raise ValueError(
+                "TensorFlow has one inter-op thread here, and each wait of the virtual "
+                "accelerator holds one: no collective or other op could run beside the "
+                "'compute'. Set TF_NUM_INTEROP_THREADS=2 (or "
+                "tf.config.threading.set_inter_op_parallelism_threads(2)) or more")
         accelerator = VirtualAccelerator(step_seconds, record)
         specs = resnet50_layers(classes)
         inputs = keras.Input(shape=(1,), dtype="float32", name="activation")

@@ -142,6 +142,7 @@ LAUNCHES = (
     "tests/test_training_equivalence.py::TrainingEquivalenceTest",
     "tests/test_worker_loss.py::TerminateHookTest",
     "tests/test_worker_loss.py::WorkerLossTest",
+    "tests/test_virtual_accelerator.py::OnTwoWorkersTest",
 )
 
 
@@ -166,6 +167,7 @@ CURRENT_STACK = (
     "tests/test_lars.py",
     "tests/test_emulated_step.py",
     "tests/test_gradient_readiness.py",
+    "tests/test_virtual_accelerator.py",
     "tests/test_train_step.py",
     "tests/test_nonfinite.py",
     "tests/test_bn_statistics.py",
