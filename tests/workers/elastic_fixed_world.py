@@ -102,7 +102,10 @@ lost = hvd.elastic.ObjectState(step=0)
 @hvd.elastic.run
 def steps(state):
     for step in range(1, 1000):
-        if rank == 1 and step == 3:
+        # rank 1 leaves at step 4, not 3: its step-3 all-reduce needed rank 0's share, so rank 0
+        # is past step 2's commit; leaving at 3 could cut rank 0's step-2 all-reduce, whose
+        # buffers rank 0 may still be fetching from rank 1 after rank 1's side is done
+        if rank == 1 and step == 4:
             print("[rank 1] exits now", flush=True)
             sys.stdout.flush()
             os._exit(0)
