@@ -42,7 +42,8 @@ setup(
         "gpu": [f"tensorflow[and-cuda]=={TF_VERSION}", *CLASSIC],
         "current-cpu": [f"tensorflow-cpu=={CURRENT_TF_VERSION}", *CURRENT],
         "current-gpu": [f"tensorflow[and-cuda]=={CURRENT_TF_VERSION}", *CURRENT],
-        # sklearn ships real JPEG photos for input tests; scipy: the cost model's fit (studies)
-        "test": ["pytest", "scikit-learn", "scipy", "matplotlib"],
+        # matplotlib ships real photos for input tests (and draws the studies' figures); scipy:
+        # the cost model's fit (studies). Not scikit-learn: Keras 3 imports it when installed.
+        "test": ["pytest", "scipy", "matplotlib"],
     },
 )

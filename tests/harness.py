@@ -72,19 +72,21 @@ def horovodrun_command(np: int, argv: Sequence[str]):
 
 
 def run_many(argvs: Sequence[Sequence[str]], timeout: float = 300.0, envs=None,
-             parallel: int = 2, np: int = 0):
-    """One launch per argv (a plain process, or `np` ranks under run_world's launcher), `parallel` at a
-    time; their Results in argv order. A single process spends most of its life importing and
-    tracing on one thread, so two of them fill the two cores that one leaves half idle; jobs
-    that fail at their start mostly wait. envs: one dict (or None) per argv."""
+             parallel: int = 2, np=0):
+    """One launch per argv (a plain process, or `np` ranks under run_world's launcher; np: one
+    count for all or one per argv), `parallel` at a time; their Results in argv order. A single
+    process spends most of its life importing and tracing on one thread, so two of them fill
+    the two cores that one leaves half idle; jobs that fail at their start mostly wait. envs:
+    one dict (or None) per argv."""
     envs = list(envs) if envs is not None else [None] * len(argvs)
+    counts = list(np) if isinstance(np, (list, tuple)) else [np] * len(argvs)
 
-    def launch(argv, env):
-        if np:  # the stack's launcher: horovodrun, or python -m tftorus.run
-            return run_world(argv, np, timeout=timeout, env=env)
+    def launch(argv, env, count):
+        if count:  # the stack's launcher: horovodrun, or python -m tftorus.run
+            return run_world(argv, count, timeout=timeout, env=env)
         return run(argv, timeout=timeout, env=env)
     with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
-        return list(pool.map(launch, argvs, envs))
+        return list(pool.map(launch, argvs, envs, counts))
 
 
 def refuse_in_quick_tier() -> None:

@@ -1,4 +1,6 @@
 """Bad input to the all-reduce and the optimizer: a clear error and a non-zero exit, no hang."""
+import re
+
 import tensorflow as tf
 
 from tests import harness
@@ -41,12 +43,15 @@ TIMEOUT = 150  # seconds; a hang would hit this
 class BadInputTest(tf.test.TestCase):
 
     def test_every_bad_input_fails_clearly(self):
-        results = {}
-        for np_ in (4, 2):
-            modes = [m for m in CASES if (m in ON_A_TORUS) == (np_ == 4)]
-            results.update(zip(modes, harness.run_many(
-                [[harness.worker("bad_input.py"), mode] for mode in modes], np=np_,
-                timeout=TIMEOUT)))
+        # one launch per torus case (each leaves the world broken); the cases refused before any
+        # collective run in one 2-rank launch, in turn (tests/workers/bad_input.py), the grid
+        # last: it is refused inside init()
+        torus = [m for m in CASES if m in ON_A_TORUS]
+        before = sorted((m for m in CASES if m not in ON_A_TORUS), key=lambda m: m == "grid")
+        argvs = [[harness.worker("bad_input.py"), *modes] for modes in [[m] for m in torus]
+                 + [before]]
+        results = harness.run_many(argvs, np=[4] * len(torus) + [2], timeout=TIMEOUT)
+        results = {**dict(zip(torus, results)), **{m: results[-1] for m in before}}
         for mode, message in CASES.items():
             result = results[mode]
             with self.subTest(mode=mode):
@@ -54,15 +59,22 @@ class BadInputTest(tf.test.TestCase):
                 self.assertNotEqual(result.returncode, 0, harness.describe(result))
                 self.assertIn(message, result.output, harness.describe(result))
                 self.assertNotIn("NO ERROR RAISED", result.output)
+                if mode in before:  # on every rank, in that mode's turn
+                    refusals = re.findall(rf"\[{mode}\] refused: .*", result.output)
+                    self.assertEqual(len(refusals), 2, harness.describe(result))
+                    self.assertTrue(all(message in r for r in refusals), refusals)
 
     def test_bad_arguments_fail_where_they_are_given(self):
-        results = harness.run_many([[harness.worker("bad_input.py"), mode]
-                                    for mode in ONE_PROCESS_CASES], timeout=TIMEOUT)
-        for (mode, message), result in zip(ONE_PROCESS_CASES.items(), results):
+        # one process takes them in turn (tests/workers/bad_input.py)
+        result = harness.run([harness.worker("bad_input.py"), *ONE_PROCESS_CASES],
+                             timeout=TIMEOUT)
+        self.assertEqual(result.returncode, 1, harness.describe(result))
+        self.assertNotIn("NO ERROR RAISED", result.output)
+        for mode, message in ONE_PROCESS_CASES.items():
             with self.subTest(mode=mode):
-                self.assertEqual(result.returncode, 1, harness.describe(result))
-                self.assertIn(message, result.output, harness.describe(result))
-                self.assertNotIn("NO ERROR RAISED", result.output)
+                refusals = re.findall(rf"^\[{mode}\] refused: .*", result.output, re.M)
+                self.assertLen(refusals, 1, harness.describe(result))
+                self.assertIn(message, refusals[0], harness.describe(result))
 
 
 if __name__ == "__main__":

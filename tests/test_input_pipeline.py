@@ -1,6 +1,6 @@
-"""The ImageNet input pipeline on real JPEG photos (the two that ship with scikit-learn), written
-in the layout of TensorFlow's ImageNet conversion; and the embedded set read through it."""
-import glob
+"""The ImageNet input pipeline on real JPEG photos (matplotlib's sample photo, and its sample
+PNG photo encoded as JPEG), written in the layout of TensorFlow's ImageNet conversion; and the
+embedded set read through it."""
 import io
 import os
 import shutil
@@ -9,7 +9,7 @@ import unittest
 from unittest import mock
 
 import numpy as np
-import sklearn.datasets
+import matplotlib
 import tensorflow as tf
 from PIL import Image
 
@@ -17,8 +17,22 @@ from official_resnet import embedded_data
 from official_resnet import input_pipeline as ip
 from tftorus import stack
 
-PHOTOS = sorted(glob.glob(os.path.join(os.path.dirname(sklearn.datasets.__file__),
-                                       "images", "*.jpg")))
+
+
+def sample_photos():
+    """Two JPEG photos of different sizes, as bytes: the one matplotlib ships, and its PNG photo
+    encoded as JPEG by Pillow. (Not scikit-learn's: installed, it is imported by every Keras 3
+    start, 0.7 s in each of the test suite's processes.)"""
+    data = os.path.join(matplotlib.get_data_path(), "sample_data")
+    with open(os.path.join(data, "grace_hopper.jpg"), "rb") as f:
+        photos = [f.read()]
+    out = io.BytesIO()
+    Image.open(os.path.join(data, "Minduka_Present_Blue_Pack.png")).convert("RGB").save(
+        out, "JPEG", quality=90)
+    return photos + [out.getvalue()]
+
+
+PHOTOS = sample_photos()
 SIZE = 32  # output pixels: small keeps the tests fast
 
 
@@ -60,8 +74,7 @@ class InputPipelineTest(tf.test.TestCase):
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
-        assert len(PHOTOS) >= 2, "scikit-learn's sample JPEGs are missing"
-        cls.photos = [open(p, "rb").read() for p in PHOTOS]
+        cls.photos = list(PHOTOS)
         cls.root = tempfile.mkdtemp(prefix="input_pipeline_test_")
         cls.many = os.path.join(cls.root, "many")  # 8 files: enough to shard by file
         cls.few = os.path.join(cls.root, "few")  # 3 files: fewer than 4 workers
@@ -276,7 +289,7 @@ class AffineTransformTest(tf.test.TestCase):
     def images(self):
         """Random and photo content, several dtypes, odd and non-square sizes, one channel."""
         rng = np.random.RandomState(0)
-        photo = tf.io.decode_jpeg(open(PHOTOS[0], "rb").read(), channels=3)
+        photo = tf.io.decode_jpeg(PHOTOS[0], channels=3)
         photo = tf.cast(tf.image.resize(photo, [37, 29]), tf.uint8).numpy()
         return {
             "photo uint8 37x29": photo,
@@ -349,7 +362,7 @@ class AffineTransformTest(tf.test.TestCase):
     def test_training_images_are_the_same_with_either_path(self):
         # preprocess_for_train with its own seeded matrices, traced in a tf.data map as in
         # make_dataset, once through tensorflow-addons and once through the op
-        photos = tf.constant([open(p, "rb").read() for p in PHOTOS])
+        photos = tf.constant(PHOTOS)
         configs = {"rotate": ip.AugmentConfig.from_names("rotate"),
                    "strong rotate,distort": ip.AugmentConfig.from_names(
                        "rotate,distort", max_rotation_degrees=30.0, max_shear=0.3),

@@ -1,5 +1,6 @@
 """Checkpoints and resume (issue 6): atomic, verified checkpoints; a stopped and resumed run
-equals an uninterrupted one; a new world size at a phase boundary; a foreign model_dir refused.
+equals an uninterrupted one; a new world size inside a phase refused (at a phase boundary:
+tests/test_paper_scale.py); a foreign model_dir refused.
 
 The multi-process tests run run_scripts/train.py under horovodrun (the current stack: tftorus'
 local launcher) on a small generated set."""
@@ -13,10 +14,8 @@ import numpy as np
 import tensorflow as tf
 
 from flags.config import TrainConfig
-from official_resnet.experiments import get_experiment
 from official_resnet import checkpointing, embedded_data
 from official_resnet.keras_generation import KERAS
-from official_resnet.schedules import Schedule
 from tests import harness
 
 TRAIN, FLAGFILE = harness.TRAIN, harness.FLAGFILE
@@ -56,22 +55,39 @@ class ResumeRunsTest(harness.EmbeddedDataCase, tf.test.TestCase):
         env = {"TF_NUM_INTRAOP_THREADS": "1"} if bit_exact and not harness.HOROVOD else None
         return harness.run_world(args, np_, timeout=timeout, env=env)  # horovodrun, tftorus.run
 
-    def test_stop_and_resume_equals_uninterrupted(self):
-        straight, stopped = (os.path.join(self.tmp, n) for n in ("straight", "stopped"))
-        flags = ["--exp=2", "--epochs=2"]
-        result = self.train(straight, *flags, bit_exact=True)
-        self.assertEqual(result.returncode, 0, harness.describe(result))
-        result = self.train(stopped, *flags, "--stop_at_epoch=1", bit_exact=True)
+    FLAGS = ["--exp=2", "--epochs=2"]
+
+    def stopped_copy(self, name):
+        """A copy of one run of FLAGS stopped after epoch 1 (inside phase 2) on 2 workers, made
+        once for the tests that resume it (each resumes its own copy)."""
+        def stop():
+            model_dir = os.path.join(self.tmp, "stopped-at-1")
+            result = self.train(model_dir, *self.FLAGS, "--stop_at_epoch=1", bit_exact=True)
+            return model_dir, result
+        model_dir, result = harness.shared(("test_resume", self.tmp, "stopped at 1"), stop)
         self.assertEqual(result.returncode, 0, harness.describe(result))
         self.assertIn("stopping after epoch", result.output)
+        copy = os.path.join(self.tmp, name)
+        shutil.copytree(model_dir, copy)
+        return copy
+
+    def test_stop_and_resume_equals_uninterrupted(self):
+        straight = os.path.join(self.tmp, "straight")
+        result = self.train(straight, *self.FLAGS, bit_exact=True)
+        self.assertEqual(result.returncode, 0, harness.describe(result))
+        stopped = self.stopped_copy("stopped")
         _, state = final_checkpoint(stopped)
         self.assertLess(state.epoch, 1.1)
         self.assertEqual(state.phase, 1)  # inside phase 2: the input position matters
         self.assertFalse(state.phase_boundary)
         self.assertGreater(state.input_batches_in_phase, 0)
-        result = self.train(stopped, *flags, bit_exact=True)  # --resume=auto is the default
+        with open(os.path.join(stopped, "config.json")) as f:
+            config_before = f.read()
+        result = self.train(stopped, *self.FLAGS, bit_exact=True)  # --resume=auto: the default
         self.assertEqual(result.returncode, 0, harness.describe(result))
         self.assertIn("resumed at epoch", result.output)
+        with open(os.path.join(stopped, "config.json")) as f:  # a resume keeps the run's own
+            self.assertEqual(f.read(), config_before)
         a_path, a_state = final_checkpoint(straight)
         b_path, b_state = final_checkpoint(stopped)
         for key in ("epoch", "samples_seen", "steps", "input_batches_in_phase"):
@@ -85,46 +101,14 @@ class ResumeRunsTest(harness.EmbeddedDataCase, tf.test.TestCase):
         self.assertEqual([h["loss"] for h in history(straight)],
                          [h["loss"] for h in history(stopped)])
 
-    def test_new_world_size_at_the_phase_boundary(self):
-        model_dir = os.path.join(self.tmp, "boundary")
-        result = self.train(model_dir, "--exp=3", "--stop_at_epoch=1", np_=4)
-        self.assertEqual(result.returncode, 0, harness.describe(result))
-        path, state = final_checkpoint(model_dir)
-        self.assertTrue(state.phase_boundary, state)
-        self.assertEqual((state.world_size, state.total_batch), (4, 216))
-        with open(os.path.join(model_dir, "config.json")) as f:
-            config_before = f.read()
-        result = self.train(model_dir, "--exp=3", np_=2)
-        self.assertEqual(result.returncode, 0, harness.describe(result))
-        lines = [l for l in result.output.splitlines() if "phase 2:" in l]
-        self.assertTrue(lines, harness.describe(result))
-        self.assertIn("total batch 256 = 2 workers x 128 per worker", lines[0])
-        self.assertIn("momentum 0.9500", lines[0])
-        rows = history(model_dir)
-        before = [h for h in rows if h["phase"] == 0]
-        after = [h for h in rows if h["phase"] == 1]
-        self.assertEqual({(h["total_batch"], h["per_worker_batch"]) for h in before}, {(216, 54)})
-        self.assertEqual({(h["total_batch"], h["per_worker_batch"]) for h in after}, {(256, 128)})
-        for h in after:
-            self.assertAlmostEqual(h["momentum"], 0.95, places=4)
-        # each logged LR is the schedule's at its epoch's last step (samples keyed)
-        # embedded.flags: batches / 256, so LRs / 256 (the scale-down rule)
-        schedule = Schedule(get_experiment("3").lr_config, total_epochs=3.0, lr_scale=1 / 256,
-                            reference_batch=32768 / 256)
-        for h in after:
-            samples = round(h["epoch"] * SPEC.num_train) - h["total_batch"]
-            self.assertAlmostEqual(h["lr"], schedule.lr(samples / SPEC.num_train), places=6)
-        self.assertGreater(after[0]["lr"], 0)
-        self.assertGreaterEqual(after[-1]["epoch"], 3.0)
-        with open(os.path.join(model_dir, "config.json")) as f:
-            self.assertEqual(f.read(), config_before)
+    # A new world size at a phase boundary: tests/test_paper_scale.py's PerPhaseWorkersTest
+    # (each phase of Exp. 2 on its own count, the second resuming the first's boundary
+    # checkpoint on 2 workers instead of 4: batch plan, momentum and LR checked per epoch).
 
     def test_new_world_size_inside_a_phase_is_refused(self):
-        model_dir = os.path.join(self.tmp, "inside")
-        result = self.train(model_dir, "--exp=2", "--epochs=2", "--stop_at_epoch=1", np_=2)
-        self.assertEqual(result.returncode, 0, harness.describe(result))
+        model_dir = self.stopped_copy("inside")
         listing = sorted(os.listdir(os.path.join(model_dir, "checkpoints")))
-        result = self.train(model_dir, "--exp=2", "--epochs=2", np_=4, timeout=300)
+        result = self.train(model_dir, *self.FLAGS, np_=4, timeout=300)
         self.assertNotEqual(result.returncode, 0, harness.describe(result))  # the launcher's
         self.assertIn("error: checkpoint", result.output)
         self.assertNotIn("Traceback (most recent call last):\n  File \"" + TRAIN, result.output)

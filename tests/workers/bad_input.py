@@ -1,7 +1,11 @@
-"""Worker: one kind of bad input per run; it must raise a clear error on every rank, never hang.
+"""Worker: kinds of bad input; each must raise a clear error on every rank, never hang.
 
-    horovodrun --gloo -np 4 -H localhost:4 python tests/workers/bad_input.py MODE
+    horovodrun --gloo -np 4 -H localhost:4 python tests/workers/bad_input.py MODE [MODE...]
     python -m tftorus.run -np 4 tests/workers/bad_input.py MODE      # the current stack
+
+Several modes run one after another only where each is refused before any collective (so the
+ranks stay in step): each refusal is printed as "[MODE] refused: ...", and the last is raised
+again, so the run ends non-zero as a script with that bad input would.
 """
 import sys
 
@@ -11,7 +15,21 @@ import tftorus
 import tftorus.keras
 
 
-def main(mode):
+def main(modes):
+    last = None
+    for mode in modes:
+        try:
+            run(mode)
+        except Exception as e:  # noqa: BLE001  (what the user would see, printed per mode)
+            print(f"[{mode}] refused: {type(e).__name__}: {e}", flush=True)
+            last = e
+        else:
+            print(f"NO ERROR RAISED by {mode}", flush=True)
+    if last is not None:
+        raise last
+
+
+def run(mode):
     if mode == "hvd_init_only":  # plain hvd.init(): Horovod has no row/column process sets
         import horovod.tensorflow as horovod  # the classic stack's alone
         horovod.init()
@@ -49,8 +67,7 @@ def main(mode):
         tftorus.keras.DistributedOptimizer("sgd")
     else:
         raise SystemExit(f"unknown mode {mode}")
-    print("NO ERROR RAISED", flush=True)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1:])
