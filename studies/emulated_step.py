@@ -24,6 +24,17 @@ processes:
   compute   the plain optimizer, no reduction: the compute alone, with every rank at work
 
 --fusion-mb sets tftorus' bucket size for its variants (Horovod's optimizer keeps its own).
+
+--model virtual trains studies/virtual_accelerator.py's VirtualResNet50 instead: ResNet-50's
+variables, whose forward and backward passes wait (no CPU) as a GPU's would run, layer by layer,
+so the all-reduce has the cores and overlap can show as on a GPU cluster. Its step takes
+--compute-s seconds (the paper's V100 step profile scaled), or, with --ratio R (the classic
+stack: hvd must be a variant), Horovod's all-reduce alone over R, measured in the launch before
+the repeats and printed (pass that as --compute-s on the current stack to set MWMS and tftorus
+against the same compute). The table then has a "bound" column: the most of the smaller of
+compute and all-reduce any schedule can hide, as the model's first gradient is ready only after
+the forward pass and the last layer's backward (studies/gradient_readiness.py's bound, exact
+here).
 Every rank gets its share of this machine's cores as TF_NUM_INTRAOP_THREADS (cores / ranks, at
 least 1; --intra-op-threads sets it, 0 leaves TensorFlow's pool per core in every rank), as an
 emulated host's ranks would have their host's cores.
@@ -75,7 +86,7 @@ VARIANTS = ("hvd", "default", "replanned", "torus", "ring", "hierarchical")  # t
 MWMS_VARIANTS = ("mwms", "mwms-as-shipped")  # the current stack's peers, in their own launches
 CURRENT_VARIANTS = MWMS_VARIANTS + VARIANTS[1:]
 FIELDS = ("hosts", "ranks_per_host", "link_gbit", "wire", "repeat", "variant", "step_s",
-          "allreduce_s", "step_cpu_s", "allreduce_cpu_s")
+          "allreduce_s", "step_cpu_s", "allreduce_cpu_s", "model")
 
 
 def topology(text: str):
@@ -119,6 +130,14 @@ def parse_args(argv=None, horovod=None):
     p.add_argument("--warmup", type=int, default=2, help="untimed steps before them")
     p.add_argument("--batch", type=int, default=4, help="images per rank and step")
     p.add_argument("--image-size", type=int, default=32)
+    p.add_argument("--model", choices=("resnet50", "virtual"), default="resnet50",
+                   help="Keras' ResNet-50 on this machine's cores, or the virtual accelerator's "
+                        "(studies/virtual_accelerator.py: its waits use no CPU)")
+    p.add_argument("--compute-s", type=float, default=None,
+                   help="--model virtual: its forward and backward pass in seconds a step")
+    p.add_argument("--ratio", type=float, default=None,
+                   help="--model virtual, classic stack: its compute = hvd's all-reduce alone / "
+                        "RATIO, measured in the launch")
     p.add_argument("--fusion-mb", type=float, default=None,
                    help="tftorus' bucket size (fusion_threshold_bytes) in MiB; default: its own")
     p.add_argument("--intra-op-threads", type=int, default=None,
@@ -135,6 +154,17 @@ def parse_args(argv=None, horovod=None):
     args = p.parse_args(argv)
     if args.repeats < 1 or args.steps < 1 or args.warmup < 0:
         p.error("--repeats and --steps must be >= 1, --warmup >= 0")
+    virtual = args.model == "virtual"
+    if not virtual and (args.compute_s is not None or args.ratio is not None):
+        p.error("--compute-s and --ratio set the virtual accelerator's step: add --model virtual")
+    if virtual and (args.compute_s is None) == (args.ratio is None):
+        p.error("--model virtual takes one of --compute-s SECONDS or --ratio R (all-reduce alone "
+                "/ compute)")
+    if any(v is not None and v <= 0 for v in (args.compute_s, args.ratio)):
+        p.error("--compute-s and --ratio must be > 0")
+    if args.ratio is not None and (not horovod or "hvd" not in args.variants):
+        p.error("--ratio measures Horovod's all-reduce alone: on the classic stack with hvd among "
+                "--variants; elsewhere give --compute-s (a --ratio run prints the value)")
     if args.intra_op_threads is not None and args.intra_op_threads < 0:
         p.error(f"--intra-op-threads takes 0 (TensorFlow's default) or more threads per rank, "
                 f"got {args.intra_op_threads}")
@@ -201,8 +231,28 @@ class _Timing:
         return StepTimes()
 
 
-def torus_worker(args) -> None:
+def model_and_data(tf, args, rank: int, global_batch: int):
+    """(make_model() -> (model, loss), the data set) of --model: Keras' ResNet-50 on images, or
+    the virtual accelerator's (its input only carries the dependency; its step takes
+    --compute-s, or a placeholder until --ratio's measurement sets it)."""
     import numpy as np
+    if args.model == "virtual":
+        from studies.virtual_accelerator import PAPER_STEP_SECONDS, VirtualResNet50
+        seconds = args.compute_s or PAPER_STEP_SECONDS
+        x = tf.zeros((global_batch, 1))
+        data = tf.data.Dataset.from_tensors((x, x)).repeat()
+        return (lambda: (VirtualResNet50(rank, step_seconds=seconds),
+                         tf.keras.losses.MeanSquaredError()), data)
+    shape = (args.image_size, args.image_size, 3)
+    images = tf.random.uniform((global_batch,) + shape)
+    labels = tf.constant(np.arange(global_batch) % 10)
+    data = tf.data.Dataset.from_tensors((images, labels)).repeat()
+    return (lambda: (tf.keras.applications.ResNet50(
+        weights=None, input_shape=shape, classes=10, classifier_activation=None),
+        tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)), data)
+
+
+def torus_worker(args) -> None:
     import tftorus
     tftorus.init()
     import tensorflow as tf
@@ -213,10 +263,7 @@ def torus_worker(args) -> None:
     if args.horovod:
         import horovod.tensorflow.keras as hvd_keras
     tf.keras.utils.set_random_seed(rank)
-    shape = (args.image_size, args.image_size, 3)
-    images = tf.random.uniform((args.batch,) + shape)
-    labels = tf.constant(np.arange(args.batch) % 10)
-    data = tf.data.Dataset.from_tensors((images, labels)).repeat()
+    make_model, data = model_and_data(tf, args, rank, args.batch)
 
     def optimizer(variant, wire):
         sgd = tf.keras.optimizers.SGD(0.01, momentum=0.9)
@@ -238,10 +285,9 @@ def torus_worker(args) -> None:
         # the replanned model last: the others trace their steps (one untimed step each) before
         # its profile exists, which every plan of the same gradient set would take
         for variant in sorted(variants, key=lambda v: v == "replanned"):
-            model = tf.keras.applications.ResNet50(weights=None, input_shape=shape, classes=10,
-                                                   classifier_activation=None)
+            model, loss = make_model()
             opt = optimizer(variant, wire)
-            model.compile(opt, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+            model.compile(opt, loss)
             grads = [tf.random.normal(v.shape, seed=1) * 1e-3 for v in model.trainable_variables]
             reduce_fn = None
             if variant != "compute":
@@ -256,6 +302,16 @@ def torus_worker(args) -> None:
                     print(f"  {wire} replanned: {replan.replanned}", flush=True)
             else:
                 model.fit(data, steps_per_epoch=1, epochs=1, verbose=0)
+        if args.ratio is not None:  # the virtual step: hvd's all-reduce alone / ratio
+            _, reduce_fn, grads = built["hvd"]
+            alone, _ = time_allreduce(args, lambda: reduce_fn(grads), line_up)
+            compute = slowest(alone) / args.ratio
+            for model, _, _ in built.values():
+                model.set_step_seconds(compute)
+            if rank == 0:
+                print(f"  {wire} hvd's all-reduce alone {slowest(alone):.3f} s: the virtual "
+                      f"step's compute {compute:.4f} s (--compute-s {compute:.4f} sets it)",
+                      flush=True)
         rows = []
         for repeat in range(args.first_repeat, args.first_repeat + args.repeats):
             shift = repeat % len(variants)
@@ -270,7 +326,7 @@ def torus_worker(args) -> None:
                         args, lambda: reduce_fn(grads), line_up)
                     allreduce, allreduce_cpu = slowest(allreduce), total(allreduce_cpu)
                 rows.append(row_of(meta, wire, repeat, variant, step, allreduce, step_cpu,
-                                   allreduce_cpu))
+                                   allreduce_cpu, args.model))
                 if rank == 0:
                     print(f"  {wire} repeat {repeat} {variant:12s} step {step:.3f} s, "
                           f"all-reduce alone {allreduce:.3f} s", flush=True)
@@ -305,11 +361,12 @@ def time_allreduce(args, reduce_once, line_up) -> Tuple[float, float]:
 
 
 def row_of(meta, wire, repeat, variant, step, allreduce, step_cpu=0.0,
-           allreduce_cpu=0.0) -> dict:
+           allreduce_cpu=0.0, model="resnet50") -> dict:
     """A CSV row; the CPU seconds are every rank's together."""
     return {**meta, "wire": wire, "repeat": repeat, "variant": variant,
             "step_s": f"{step:.4f}", "allreduce_s": f"{allreduce:.4f}",
-            "step_cpu_s": f"{step_cpu:.4f}", "allreduce_cpu_s": f"{allreduce_cpu:.4f}"}
+            "step_cpu_s": f"{step_cpu:.4f}", "allreduce_cpu_s": f"{allreduce_cpu:.4f}",
+            "model": model}
 
 
 # ==================================================================================================
@@ -339,7 +396,6 @@ def mwms_keras3_shims(strategy, tf) -> None:
 
 def mwms_worker(args) -> None:
     """One rank of MWMS' launch: its model.fit steps and all-reduce alone, per repeat given."""
-    import numpy as np
     import tensorflow as tf
     (variant,) = args.variants
     ring = tf.distribute.experimental.CommunicationOptions(
@@ -364,23 +420,19 @@ def mwms_worker(args) -> None:
         return float(sum_fn(tf.constant(seconds, tf.float64)))
 
     tf.keras.utils.set_random_seed(rank)
-    shape = (args.image_size, args.image_size, 3)
     # MWMS takes the global batch and gives each worker its share: args.batch images a rank.
-    images = tf.random.uniform((args.batch * size,) + shape)
-    labels = tf.constant(np.arange(args.batch * size) % 10)
+    make_model, data = model_and_data(tf, args, rank, args.batch * size)
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
-    data = tf.data.Dataset.from_tensors((images, labels)).repeat().with_options(options)
+    data = data.with_options(options)
     first = next(iter(strategy.experimental_distribute_dataset(data)))[0]
     local = strategy.experimental_local_results(first)
     if [int(t.shape[0]) for t in local] != [args.batch]:
         raise RuntimeError(f"MWMS gave this worker batches of {[t.shape for t in local]}, "
                            f"not one of {args.batch}")
     with strategy.scope():
-        model = tf.keras.applications.ResNet50(weights=None, input_shape=shape, classes=10,
-                                               classifier_activation=None)
-        model.compile(tf.keras.optimizers.SGD(0.01, momentum=0.9),
-                      tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model, loss = make_model()
+        model.compile(tf.keras.optimizers.SGD(0.01, momentum=0.9), loss)
     grads = [tf.random.normal(v.shape, seed=1) * 1e-3 for v in model.trainable_variables]
 
     @tf.function(autograph=False)
@@ -404,7 +456,7 @@ def mwms_worker(args) -> None:
             strategy.experimental_local_results(t)[0] for t in reduce_once()], line_up)
         allreduce, allreduce_cpu = slowest(allreduce), total(allreduce_cpu)
         rows.append(row_of(meta, "fp32", repeat, variant, step, allreduce, step_cpu,
-                           allreduce_cpu))
+                           allreduce_cpu, args.model))
         if rank == 0:
             print(f"  fp32 repeat {repeat} {variant:12s} step {step:.3f} s, "
                   f"all-reduce alone {allreduce:.3f} s", flush=True)
@@ -441,6 +493,9 @@ def step_table(rows: List[Dict[str, str]], peer: str = None) -> str:
                                                                   float(r["allreduce_cpu_s"]))
     if peer is None:
         peer = "mwms" if "mwms" in by else "hvd"
+    # the virtual model: compute that can run beside any all-reduce, as a share of its step
+    beside = (virtual_overlap_share() if any(r.get("model") == "virtual" for r in rows)
+              else None)
     compute = by.get("compute", {})
     base = by.get(peer, {})
     fmt = (lambda v: f"{statistics.median(v):.2f}" if v else "n/a")
@@ -449,7 +504,8 @@ def step_table(rows: List[Dict[str, str]], peer: str = None) -> str:
         return [c[which] for c in cpu.get(variant, {}).values()]
 
     lines = [f"{'variant':<14}{'step s':>8}{'compute s':>11}{'all-reduce s':>14}"
-             f"{'hidden':>8}{'step/' + peer:>10}{'step/max(c,a)':>15}"
+             f"{'hidden':>8}" + (f"{'bound':>7}" if beside else "")
+             + f"{'step/' + peer:>10}{'step/max(c,a)':>15}"
              + (f"{'CPU s':>7}{'all-reduce CPU s':>18}" if cpu else "")]
     for variant, reps in by.items():
         if variant == "compute":
@@ -461,8 +517,12 @@ def step_table(rows: List[Dict[str, str]], peer: str = None) -> str:
         to_max = [s / max(compute[r][0], a) for r, (s, a) in reps.items() if r in compute]
         hidden = [(compute[r][0] + a - s) / min(compute[r][0], a)
                   for r, (s, a) in reps.items() if r in compute and min(compute[r][0], a) > 0]
-        line = (f"{variant:<14}{step:>8.3f}{comp:>11.3f}{alone:>14.3f}"
-                f"{fmt(hidden):>8}{fmt(to_peer):>10}{fmt(to_max):>15}")
+        line = f"{variant:<14}{step:>8.3f}{comp:>11.3f}{alone:>14.3f}{fmt(hidden):>8}"
+        if beside:
+            bound = [min(1.0, beside * compute[r][0] / min(compute[r][0], a))
+                     for r, (s, a) in reps.items() if r in compute and min(compute[r][0], a) > 0]
+            line += f"{fmt(bound):>7}"
+        line += f"{fmt(to_peer):>10}{fmt(to_max):>15}"
         if cpu:
             line += f"{fmt(cpu_of(variant, 0)):>7}{fmt(cpu_of(variant, 1)):>18}"
         lines.append(line)
@@ -470,6 +530,15 @@ def step_table(rows: List[Dict[str, str]], peer: str = None) -> str:
         lines.append(f"(CPU s: every rank's; compute alone {fmt(cpu_of('compute', 0))} CPU s "
                      f"a step)")
     return "\n".join(lines)
+
+
+def virtual_overlap_share() -> float:
+    """The share of the virtual model's compute after its first gradient is ready (the forward
+    pass and the last layer's backward come first): the most any schedule can run beside the
+    all-reduce."""
+    from studies.virtual_accelerator import layer_profile, readiness
+    profile = layer_profile(1.0)
+    return 1.0 - min(readiness(profile))
 
 
 def report(path: str) -> str:
@@ -518,7 +587,9 @@ def worker_argv(args, wire, meta, variants=None, first_repeat=None) -> List[str]
     return [sys.executable, "-m", "studies.emulated_step", "--worker", "--wires", *wires,
             "--variants", *(variants or args.variants), "--repeats", str(repeats),
             "--steps", str(args.steps), "--warmup", str(args.warmup), "--batch", str(args.batch),
-            "--image-size", str(args.image_size), "--out", args.out,
+            "--image-size", str(args.image_size), "--out", args.out, "--model", args.model,
+            *(["--compute-s", str(args.compute_s)] if args.compute_s is not None else []),
+            *(["--ratio", str(args.ratio)] if args.ratio is not None else []),
             *(["--fusion-mb", str(args.fusion_mb)] if args.fusion_mb is not None else []),
             *(["--first-repeat", str(first_repeat)] if first_repeat is not None else []),
             "--meta", *meta]

@@ -53,6 +53,20 @@ class EmulatedStepReportTest(tf.test.TestCase):
         older = emulated_step.step_table([row("compute", 0, 1.0), row("hvd", 0, 4.0, 3.0)])
         self.assertNotIn("CPU", older)  # a CSV from before the CPU columns
 
+    def test_the_virtual_model_has_the_bound_column(self):
+        share = emulated_step.virtual_overlap_share()  # after the forward pass and last layer
+        self.assertAllClose(share, 2 / 3, atol=0.01)
+        rows = [dict(row("compute", 0, 1.0), model="virtual"),
+                dict(row("hvd", 0, 2.8, 2.0), model="virtual"),
+                dict(row("default", 0, 2.2, 1.6), model="virtual")]
+        table = emulated_step.step_table(rows).splitlines()
+        self.assertIn("bound", table[0])
+        default = table[2].split()
+        self.assertEqual(default[4], "0.40")  # (1 + 1.6 - 2.2) / min(1, 1.6)
+        self.assertEqual(default[5], f"{share:.2f}")  # share x compute / min(compute, 1.6)
+        self.assertNotIn("bound", emulated_step.step_table([row("compute", 0, 1.0),
+                                                             row("hvd", 0, 4.0, 3.0)]))
+
     def test_clusters_are_parsed_with_a_clear_error(self):
         self.assertEqual(emulated_step.topology("2x4"), (2, 4))
         for bad in ("2", "2x", "0x4", "axb"):
@@ -126,6 +140,28 @@ class StackArgumentsTest(tf.test.TestCase):
         self.assertEqual(emulated_step.parse_args(
             ["--variants", "mwms-as-shipped", "ring"], horovod=False).variants,
             ["mwms-as-shipped", "ring"])
+
+    def test_the_virtual_models_step_is_given_once(self):
+        args = emulated_step.parse_args(["--model", "virtual", "--ratio", "2"], horovod=True)
+        argv = emulated_step.worker_argv(args, "fp16", ("2", "2", "0.25"))
+        self.assertEqual(argv[argv.index("--model") + 1], "virtual")
+        self.assertEqual(argv[argv.index("--ratio") + 1], "2.0")
+        refused = {  # arguments -> the error's words
+            ("--ratio", "2"): "add --model virtual",
+            ("--model", "virtual"): "one of --compute-s SECONDS or --ratio",
+            ("--model", "virtual", "--compute-s", "1", "--ratio", "2"): "one of --compute-s",
+            ("--model", "virtual", "--compute-s", "0"): "must be > 0",
+            ("--model", "virtual", "--ratio", "2", "--variants", "default"): "hvd among",
+        }
+        for argv, words in refused.items():
+            err = io.StringIO()
+            with self.assertRaises(SystemExit), contextlib.redirect_stderr(err):
+                emulated_step.parse_args(list(argv), horovod=True)
+            self.assertIn(words, err.getvalue())
+        err = io.StringIO()
+        with self.assertRaises(SystemExit), contextlib.redirect_stderr(err):
+            emulated_step.parse_args(["--model", "virtual", "--ratio", "2"], horovod=False)
+        self.assertIn("give --compute-s", err.getvalue())
 
     def test_current_launches_turn_with_the_repeat(self):
         args = emulated_step.parse_args(["--wires", "fp32", "fp16", "--variants", "mwms",
