@@ -20,7 +20,7 @@ from tftorus import horovod_collectives, process_sets
 
 try:
     import cloudpickle as _pickle
-except ImportError:  # the current stack needs no cloudpickle; pickle loads what it dumps
+except ImportError:  # both stacks install it (setup.py); plain pickle moves no lambda
     import pickle as _pickle
 
 global_process_set = process_sets.global_process_set
