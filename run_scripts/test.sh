@@ -18,8 +18,8 @@
 # keeps .venv-current. A current-stack run that collects no test fails; one whose tier holds none
 # of its tests (say --slow) passes, saying so.
 #
-# CI (.ci/run) runs --all. Measured on 2 cores from a fresh clone (2026-11-27, d197b5a, the main
-# job at 487 images/s): --all on both stacks 37.4 min with set-up; the default tier 9.1 min with
+# CI (.ci/run) runs --all. Measured on 2 cores from a fresh clone (2026-11-27, f2d808d, the main
+# job at 442 images/s): --all on both stacks 33.9 min with set-up; the default tier 9.1 min with
 # set-up done (987abf4);
 # --quick about a minute per stack.
 set -uo pipefail
