@@ -305,11 +305,12 @@ def torus_worker(args) -> None:
         if args.ratio is not None:  # the virtual step: hvd's all-reduce alone / ratio
             _, reduce_fn, grads = built["hvd"]
             alone, _ = time_allreduce(args, lambda: reduce_fn(grads), line_up)
-            compute = slowest(alone) / args.ratio
+            alone = slowest(alone)  # a collective: every rank calls it
+            compute = alone / args.ratio
             for model, _, _ in built.values():
                 model.set_step_seconds(compute)
             if rank == 0:
-                print(f"  {wire} hvd's all-reduce alone {slowest(alone):.3f} s: the virtual "
+                print(f"  {wire} hvd's all-reduce alone {alone:.3f} s: the virtual "
                       f"step's compute {compute:.4f} s (--compute-s {compute:.4f} sets it)",
                       flush=True)
         rows = []
