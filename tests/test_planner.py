@@ -64,6 +64,31 @@ class PlannerTest(unittest.TestCase):
         self.assertGreater(len(overlapped.buckets), 1)
         self.assertLess(overlapped.exposed_seconds, flat.exposed_seconds)
 
+    def test_the_last_ready_bucket_is_cut_finer_where_the_backward_pass_outlasts_it(self):
+        tensors = resnet_like()
+        slow = links(1e-6, 1.0)
+        alone = planner.plan(64, 4, tensors, slow, HOROVOD_ENGINE).seconds
+        long_backward = even_profile(tensors, 10 * alone)
+        p = planner.plan(64, 4, tensors, slow, HOROVOD_ENGINE, profile=long_backward)
+        self.assertIsNotNone(p.tail_threshold_bytes)
+        self.assertIn("last-ready one in pieces of", p.describe())
+        last = min(p.buckets, key=lambda b: min(b.indices))  # holds the first tensor
+        self.assertLessEqual(last.nbytes, p.tail_threshold_bytes)
+        self.assertLess(p.tail_threshold_bytes, p.threshold_bytes)
+        # every tensor in exactly one bucket, each bucket of one dtype and in the caller's order
+        self.assertEqual(sorted(i for b in p.buckets for i in b.indices), list(range(len(tensors))))
+        self.assertTrue(all(list(b.indices) == sorted(b.indices) for b in p.buckets))
+        # the same threshold without the re-cut leaves more past the backward pass
+        uncut = planner.plan(64, 4, tensors, slow, HOROVOD_ENGINE, profile=long_backward,
+                             threshold_bytes=p.threshold_bytes, grid=p.grid)
+        self.assertIsNone(uncut.tail_threshold_bytes)
+        self.assertLess(p.exposed_seconds, uncut.exposed_seconds * 0.5)
+        # the pieces come in the order the backward pass makes them: the first tensor's last
+        order = [min(b.indices) for b in p.buckets]
+        self.assertEqual(order[-1], 0)
+        self.assertEqual(planner.cut_buckets(tensors, 4 * MIB, 4 * MIB),
+                         planner.bucket_indices(tensors, 4 * MIB))
+
     def test_first_steps_are_planned_for_an_assumed_backward_pass(self):
         # before replan() there is no profile: one buffer would hide nothing
         tensors = resnet_like()

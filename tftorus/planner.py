@@ -43,6 +43,15 @@ MIB = 1 << 20
 #: (0 is fusion's "no fusion": each tensor alone).
 ONE_BUFFER = -1
 THRESHOLDS = (1 * MIB, 2 * MIB, 4 * MIB, 8 * MIB, 16 * MIB, 32 * MIB, 64 * MIB, ONE_BUFFER)
+#: The bucket ready last (the first layers' gradients) re-cut into buckets of the threshold over
+#: these (1: as cut): whatever the backward pass outlasts, that bucket's all-reduce comes after
+#: it, so a long backward pass wants it small; more calls cost latency where the network binds.
+#: Measured: ResNet-50's last 16 MiB bucket (14.6 MiB) put tftorus' step 0.31 s past the compute
+#: on the emulated 2 x 2 where Horovod's optimizer, sending what each cycle finds ready, ended
+#: 0.03 s after it (docs/emulated_cluster.md).
+TAIL_DIVISORS = (1, 4, 16)
+#: No tail bucket below this (a call's latency would cost more than its bytes anywhere).
+MIN_TAIL_BYTES = 256 << 10
 #: Chunk counts tried per torus bucket on engines that pipeline (algorithms.MAX_CHUNKS at most).
 CHUNKS = (1, 2, 4, 8, 16)
 #: Plans predicted within this fraction of the best are equal; the simpler one is kept.
@@ -199,6 +208,7 @@ class Plan:
     exposed_seconds: float  # predicted: what the step cannot hide (profile), else `seconds`
     links: Optional[Links] = None
     why: str = ""
+    tail_threshold_bytes: Optional[int] = None  # the last-ready bucket cut again at this size
 
     def describe(self) -> str:
         """One line for the log: the plan, then why."""
@@ -207,8 +217,10 @@ class Plan:
         algos = sorted({b.algorithm for b in self.buckets})
         chunks = sorted({b.chunks for b in self.buckets})
         size_text = "/".join(f"{s:g}" for s in sizes[:3]) + ("/..." if len(sizes) > 3 else "")
-        text = (f"tftorus: grid {self.grid}, {n} bucket{'s' * (n != 1)} of {size_text} MiB, "
-                f"{'/'.join(map(str, chunks))} chunk{'s' * (chunks != [1])} each, "
+        tail = (f" (the last-ready one in pieces of {self.tail_threshold_bytes / MIB:.3g} MiB)"
+                if self.tail_threshold_bytes else "")
+        text = (f"tftorus: grid {self.grid}, {n} bucket{'s' * (n != 1)} of {size_text} MiB"
+                f"{tail}, {'/'.join(map(str, chunks))} chunk{'s' * (chunks != [1])} each, "
                 f"{'/'.join(algos)}; predicted {self.seconds * 1e3:.3g} ms per all-reduce")
         if self.exposed_seconds != self.seconds:
             text += f", {self.exposed_seconds * 1e3:.3g} ms of it past the backward pass"
@@ -360,9 +372,9 @@ def plan(size: int, local_size: int, tensor_bytes: Sequence[Tuple[int, object]],
     best_key = None
     for g in grid_choices:
         algos = (algorithm,) if algorithm else candidate_algorithms(g, local_size)
-        for threshold in thresholds:
+        for threshold, tail in _cuts(thresholds, threshold_bytes is not None, total):
             cut = threshold if threshold != ONE_BUFFER else max(1, total)
-            cut_indices = bucket_indices(tensor_bytes, cut)
+            cut_indices = cut_buckets(tensor_bytes, cut, tail)
             sizes = [sum(tensor_bytes[i][0] for i in indices) for indices in cut_indices]
             ready = [max(profile.ready[i] for i in indices) if profile else 0.0
                      for indices in cut_indices]
@@ -377,7 +389,8 @@ def plan(size: int, local_size: int, tensor_bytes: Sequence[Tuple[int, object]],
                                key=lambda o: ALGORITHMS.index(o[1]))
                     buckets.append(BucketPlan(tuple(indices), nbytes, a,
                                               k if a == "torus" else 1, t))
-                candidate = _costed(Plan(g, threshold, tuple(buckets), 0.0, 0.0, links),
+                candidate = _costed(Plan(g, threshold, tuple(buckets), 0.0, 0.0, links,
+                                         tail_threshold_bytes=tail if tail != cut else None),
                                     costs, engine, profile)
                 # simpler wins a tie: fewer buckets, fewer chunks, the grid plan_grid picks
                 key = (score(candidate) if score else candidate.exposed_seconds, len(buckets), k,
@@ -386,6 +399,30 @@ def plan(size: int, local_size: int, tensor_bytes: Sequence[Tuple[int, object]],
                     best, best_key = candidate, key
     return dataclasses.replace(best, why=_why(best, grid, threshold_bytes, algorithm, chunks,
                                               profile))
+
+
+def _cuts(thresholds: Sequence[int], fixed: bool, total: int) -> List[Tuple[int, int]]:
+    """(threshold, tail threshold) pairs to try; a threshold the caller fixed is kept as is."""
+    out = []
+    for threshold in thresholds:
+        cut = threshold if threshold != ONE_BUFFER else max(1, total)
+        tails = {cut} if fixed else {cut // d for d in TAIL_DIVISORS if cut // d >= MIN_TAIL_BYTES}
+        out.extend((threshold, tail) for tail in sorted(tails or {cut}, reverse=True))
+    return out
+
+
+def cut_buckets(tensor_bytes: Sequence[Tuple[int, object]], threshold: int,
+                tail_threshold: Optional[int] = None) -> List[Tuple[int, ...]]:
+    """tftorus.fusion's buckets of `threshold`, with the bucket ready last (the one holding the
+    first tensor: the backward pass makes it last) cut again at `tail_threshold`, its pieces in
+    the order they are ready."""
+    cut = bucket_indices(tensor_bytes, threshold)
+    if not tail_threshold or tail_threshold >= threshold or not cut:
+        return cut
+    last = min(range(len(cut)), key=lambda b: min(cut[b]))
+    members = cut[last]
+    pieces = bucket_indices([tensor_bytes[i] for i in members], tail_threshold)
+    return cut[:last] + [tuple(members[j] for j in piece) for piece in pieces] + cut[last + 1:]
 
 
 def assumed_profile(tensor_bytes: Sequence[Tuple[int, object]],
