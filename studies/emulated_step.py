@@ -252,8 +252,19 @@ def model_and_data(tf, args, rank: int, global_batch: int):
         tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)), data)
 
 
+def log_tftorus_plans() -> None:
+    """tftorus' INFO lines (its links, each plan and why; rank 0 writes them) into this rank's
+    output, so the run's log says what each tftorus variant ran."""
+    import logging
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("  %(message)s"))
+    logging.getLogger("tftorus").addHandler(handler)
+    logging.getLogger("tftorus").setLevel(logging.INFO)
+
+
 def torus_worker(args) -> None:
     import tftorus
+    log_tftorus_plans()
     tftorus.init()
     import tensorflow as tf
     import tftorus.keras
