@@ -63,6 +63,12 @@ TF_CONFIG naming every rank at its host's address (emulated_cluster.launch_tf_co
             shows the error.
   default, torus, ring, hierarchical, compute   as above, on tftorus' tf engine.
 
+--timeline DIR (the classic stack, --model virtual, one cluster, link rate and wire) runs one
+more step per variant after the repeats, every rank started together, with Horovod's timeline
+on for the launch (DIR/horovod_timeline.json, rank 0's); rank 0 saves that step's waits and
+buckets as DIR/step_<variant>.json. `python -m studies.step_timeline DIR --out step.png` draws
+and tabulates them (studies/step_timeline.py).
+
 MWMS and the tf engine each start a TF server from TF_CONFIG, so they cannot share a process:
 each repeat is one launch of the tftorus variants (every wire, rotated order) and one of MWMS'
 (in turn first and second), each with its own model and data, same shapes and batch per rank.
@@ -145,6 +151,10 @@ def parse_args(argv=None, horovod=None):
                         "shared among the cluster's ranks, at least 1; 0: TensorFlow's own, a "
                         "pool per core in every rank)")
     p.add_argument("--out", default=DEFAULT_OUT)
+    p.add_argument("--timeline", default=None, metavar="DIR",
+                   help="--model virtual, classic stack: one more step per variant after the "
+                        "repeats, saved for studies/step_timeline.py in DIR (rank 0's waits "
+                        "and Horovod's timeline)")
     p.add_argument("--timeout", type=float, default=3600.0,
                    help="seconds per launch (one per cluster and wire on the classic stack, two "
                         "per cluster and repeat on the current one)")
@@ -168,6 +178,15 @@ def parse_args(argv=None, horovod=None):
     if args.intra_op_threads is not None and args.intra_op_threads < 0:
         p.error(f"--intra-op-threads takes 0 (TensorFlow's default) or more threads per rank, "
                 f"got {args.intra_op_threads}")
+    if args.timeline is not None:
+        if not horovod or not virtual:
+            p.error("--timeline draws the virtual accelerator's step beside Horovod's timeline: "
+                    "on the classic stack (.venv, with Horovod) and with --model virtual")
+        if not args.worker and (len(args.clusters) != 1 or len(args.link_gbit) != 1
+                                or len(args.wires) != 1):
+            p.error("--timeline draws one launch: give one --clusters, one --link-gbit and one "
+                    "--wires")
+        args.timeline = os.path.abspath(args.timeline)
     args.horovod = horovod
     return args
 
@@ -241,7 +260,8 @@ def model_and_data(tf, args, rank: int, global_batch: int):
         seconds = args.compute_s or PAPER_STEP_SECONDS
         x = tf.zeros((global_batch, 1))
         data = tf.data.Dataset.from_tensors((x, x)).repeat()
-        return (lambda: (VirtualResNet50(rank, step_seconds=seconds),
+        return (lambda: (VirtualResNet50(rank, step_seconds=seconds,
+                                         record=args.timeline is not None),
                          tf.keras.losses.MeanSquaredError()), data)
     shape = (args.image_size, args.image_size, 3)
     images = tf.random.uniform((global_batch,) + shape)
@@ -266,8 +286,13 @@ def torus_worker(args) -> None:
     import tftorus
     log_tftorus_plans()
     tftorus.init()
+    clock_at_init = None
+    if args.timeline is not None:  # where Horovod's timeline read the wall clock, in init
+        from studies import step_timeline
+        clock_at_init = step_timeline.epoch_minus_perf()
     import tensorflow as tf
     import tftorus.keras
+    from tftorus import reduction
 
     rank, line_up, slowest, total = runtime(tf)
     hvd_keras = None
@@ -292,10 +317,11 @@ def torus_worker(args) -> None:
     meta = dict(zip(("hosts", "ranks_per_host", "link_gbit"), args.meta))
     for wire in args.wires:
         variants = ["compute"] + list(args.variants)
-        built = {}
+        built, plans = {}, {}
         # the replanned model last: the others trace their steps (one untimed step each) before
         # its profile exists, which every plan of the same gradient set would take
         for variant in sorted(variants, key=lambda v: v == "replanned"):
+            plans_before = set(reduction._plans)  # then the plans tftorus made for it
             model, loss = make_model()
             opt = optimizer(variant, wire)
             model.compile(opt, loss)
@@ -313,6 +339,7 @@ def torus_worker(args) -> None:
                     print(f"  {wire} replanned: {replan.replanned}", flush=True)
             else:
                 model.fit(data, steps_per_epoch=1, epochs=1, verbose=0)
+            plans[variant] = [p for key, p in reduction._plans.items() if key not in plans_before]
         if args.ratio is not None:  # the virtual step: hvd's all-reduce alone / ratio
             _, reduce_fn, grads = built["hvd"]
             alone, _ = time_allreduce(args, lambda: reduce_fn(grads), line_up)
@@ -344,6 +371,14 @@ def torus_worker(args) -> None:
                           f"all-reduce alone {allreduce:.3f} s", flush=True)
         if rank == 0:
             append_csv(os.path.join(args.out, "steps.csv"), rows)
+        for variant in args.variants if args.timeline is not None else ():
+            model = built[variant][0]
+            start, end = step_timeline.one_step(tf, model, data, line_up)
+            if rank == 0:
+                path = step_timeline.record_step(args.timeline, variant, wire, model, start, end,
+                                                 clock_at_init, plans[variant])
+                print(f"  {wire} {variant}: one step ({end - start:.3f} s) in {path}",
+                      flush=True)
         del built
     tftorus.shutdown()
 
@@ -604,6 +639,7 @@ def worker_argv(args, wire, meta, variants=None, first_repeat=None) -> List[str]
             *(["--ratio", str(args.ratio)] if args.ratio is not None else []),
             *(["--fusion-mb", str(args.fusion_mb)] if args.fusion_mb is not None else []),
             *(["--first-repeat", str(first_repeat)] if first_repeat is not None else []),
+            *(["--timeline", args.timeline] if args.timeline is not None else []),
             "--meta", *meta]
 
 
@@ -662,6 +698,12 @@ def main(argv=None) -> int:
     csv_path = os.path.join(args.out, "steps.csv")
     if os.path.exists(csv_path):
         os.remove(csv_path)  # the tables are of this run
+    if args.timeline is not None:  # rank 0 writes Horovod's timeline of the launch there
+        os.makedirs(args.timeline, exist_ok=True)
+        for old in os.listdir(args.timeline):
+            if old.startswith("step_") or old == "horovod_timeline.json":
+                os.remove(os.path.join(args.timeline, old))
+        os.environ["HOROVOD_TIMELINE"] = os.path.join(args.timeline, "horovod_timeline.json")
     failed = [] if args.horovod else run_current(args)
     for hosts, rph in (args.clusters if args.horovod else []):
         for gbit in (args.link_gbit if hosts > 1 else args.link_gbit[:1]):
@@ -680,6 +722,9 @@ def main(argv=None) -> int:
     if os.path.exists(csv_path):
         print(report(csv_path))
         print(f"\nCSV: {csv_path}")
+    if args.timeline is not None and not failed:
+        print(f"the step per variant: python -m studies.step_timeline {args.timeline} "
+              f"--out step_timeline.png")
     return cluster.exit_status(failed)
 
 
