@@ -21,6 +21,9 @@ processes:
   replanned the same after tftorus.keras.ReplanCallback (its plan for the step its clocks
             measured, made in three untimed steps before the repeats)
   torus, ring, hierarchical   the same with algorithm= forced
+  default-tf  tftorus' default on its tf engine (TensorFlow's collective ops: its rows and
+            columns run at once) under horovodrun, Horovod started beside it for hvd and the
+            Horovod-engine variants (tftorus.init(engine='tf', with_horovod=True))
   compute   the plain optimizer, no reduction: the compute alone, with every rank at work
 
 --fusion-mb sets tftorus' bucket size for its variants (Horovod's optimizer keeps its own).
@@ -61,6 +64,9 @@ TF_CONFIG naming every rank at its host's address (emulated_cluster.launch_tf_co
             (keras-team/keras#20585): two calls of strategy.reduce fail, so this variant
             makes them work (see `mwms_keras3_shims`); `mwms-as-shipped` runs without that and
             shows the error.
+  mwms-pack4, mwms-pack16, mwms-pack32   the same with CommunicationOptions(bytes_per_pack=)
+            of 4, 16, 32 MiB (mwms: 0, TF's default, one pack), as its users tune it: the
+            ratio column is to the fastest MWMS variant of the run.
   default, torus, ring, hierarchical, compute   as above, on tftorus' tf engine.
 
 --timeline DIR (the classic stack, --model virtual, one cluster, link rate and wire) runs one
@@ -88,8 +94,13 @@ from typing import Dict, List, Tuple
 from studies import emulated_cluster as cluster
 
 DEFAULT_OUT = os.path.join(tempfile.gettempdir(), "tftorus_step")
-VARIANTS = ("hvd", "default", "replanned", "torus", "ring", "hierarchical")  # the classic stack's
-MWMS_VARIANTS = ("mwms", "mwms-as-shipped")  # the current stack's peers, in their own launches
+VARIANTS = ("hvd", "default", "replanned", "torus", "ring", "hierarchical")
+CLASSIC_VARIANTS = VARIANTS + ("default-tf",)  # the tf engine beside Horovod's
+#: MWMS with CommunicationOptions(bytes_per_pack=) of these MiB: its gradients all-reduced in
+#: packs, each as soon as its gradients are ready (0, TF's default: one pack after the last)
+MWMS_PACKS = ("mwms-pack4", "mwms-pack16", "mwms-pack32")
+MWMS_VARIANTS = ("mwms", "mwms-as-shipped") + MWMS_PACKS  # the current stack's peers, each
+#                                                         # in its own launches
 CURRENT_VARIANTS = MWMS_VARIANTS + VARIANTS[1:]
 FIELDS = ("hosts", "ranks_per_host", "link_gbit", "wire", "repeat", "variant", "step_s",
           "allreduce_s", "step_cpu_s", "allreduce_cpu_s", "model")
@@ -129,7 +140,8 @@ def parse_args(argv=None, horovod=None):
     p.add_argument("--clusters", nargs="+", type=topology, default=[(1, 4), (2, 2), (2, 4)])
     p.add_argument("--link-gbit", nargs="+", type=float, default=[0.25])
     p.add_argument("--wires", nargs="+", choices=("fp16", "fp32"), default=["fp16", "fp32"])
-    p.add_argument("--variants", nargs="+", choices=VARIANTS if horovod else CURRENT_VARIANTS,
+    p.add_argument("--variants", nargs="+",
+                   choices=CLASSIC_VARIANTS if horovod else CURRENT_VARIANTS,
                    default=[peer_of(horovod), "default"])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--steps", type=int, default=4, help="timed steps per fit call")
@@ -285,7 +297,8 @@ def log_tftorus_plans() -> None:
 def torus_worker(args) -> None:
     import tftorus
     log_tftorus_plans()
-    tftorus.init()
+    both_engines = "default-tf" in args.variants
+    tftorus.init(**(dict(engine="tf", with_horovod=True) if both_engines else {}))
     clock_at_init = None
     if args.timeline is not None:  # where Horovod's timeline read the wall clock, in init
         from studies import step_timeline
@@ -309,7 +322,10 @@ def torus_worker(args) -> None:
             return hvd_keras.DistributedOptimizer(sgd, compression=getattr(
                 hvd_keras.Compression, "fp16" if wire == "fp16" else "none"))
         compression = getattr(tftorus.Compression, "fp16" if wire == "fp16" else "none")
-        torus = {} if variant in ("default", "replanned") else {"algorithm": variant}
+        torus = {} if variant in ("default", "replanned", "default-tf") else {
+            "algorithm": variant}
+        if both_engines:  # the tf engine is init's; the others stay on Horovod's
+            torus["engine"] = "tf" if variant == "default-tf" else "horovod"
         if args.fusion_mb is not None:
             torus["fusion_threshold_bytes"] = int(args.fusion_mb * (1 << 20))
         return tftorus.keras.DistributedOptimizer(sgd, compression=compression, **torus)
@@ -445,10 +461,12 @@ def mwms_worker(args) -> None:
     """One rank of MWMS' launch: its model.fit steps and all-reduce alone, per repeat given."""
     import tensorflow as tf
     (variant,) = args.variants
+    pack_mib = int(variant.rsplit("pack", 1)[1]) if variant in MWMS_PACKS else 0
     ring = tf.distribute.experimental.CommunicationOptions(
+        bytes_per_pack=pack_mib << 20,
         implementation=tf.distribute.experimental.CommunicationImplementation.RING)
     strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=ring)
-    if variant == "mwms":
+    if variant != "mwms-as-shipped":
         mwms_keras3_shims(strategy, tf)
     rank, size = strategy.cluster_resolver.task_id, strategy.num_replicas_in_sync
 
@@ -538,8 +556,10 @@ def step_table(rows: List[Dict[str, str]], peer: str = None) -> str:
         if r.get("step_cpu_s"):
             cpu.setdefault(r["variant"], {})[int(r["repeat"])] = (float(r["step_cpu_s"]),
                                                                   float(r["allreduce_cpu_s"]))
-    if peer is None:
-        peer = "mwms" if "mwms" in by else "hvd"
+    if peer is None:  # MWMS as its users would tune it: the fastest of its packings
+        tuned = [v for v in by if v in MWMS_VARIANTS and v != "mwms-as-shipped"]
+        peer = (min(tuned, key=lambda v: statistics.median(s for s, _ in by[v].values()))
+                if tuned else "hvd")
     # the virtual model: compute that can run beside any all-reduce, as a share of its step
     beside = (virtual_overlap_share() if any(r.get("model") == "virtual" for r in rows)
               else None)

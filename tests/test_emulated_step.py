@@ -98,6 +98,18 @@ class CurrentStackReportTest(tf.test.TestCase):
         self.assertEqual(cells["mwms"][4], "0.60")  # hidden: (0.5 + 4.8 - 5.0) / 0.5
         self.assertEqual(cells["default"][6], "1.20")  # 3.0 / max(0.5, 2.5)
 
+    def test_the_peer_is_the_fastest_tuned_mwms(self):
+        rows = [r for r in self.rows() if r["wire"] == "fp32"]
+        packed = [dict(r, variant="mwms-pack16", step_s=str(float(r["step_s"]) * 0.8))
+                  for r in rows if r["variant"] == "mwms"]
+        shipped = [dict(r, variant="mwms-as-shipped", step_s="0.1")
+                   for r in rows if r["variant"] == "mwms"]  # failed runs are no peer
+        lines = emulated_step.step_table(rows + packed + shipped).splitlines()
+        self.assertIn("step/mwms-pack16", lines[0])
+        cells = {line.split()[0]: line.split() for line in lines[1:]}
+        self.assertEqual(cells["mwms-pack16"][5], "1.00")
+        self.assertEqual(cells["default"][5], "0.75")  # 3.0 / (5.0 x 0.8)
+
     def test_mwms_stands_in_every_wire_table_and_makes_none_of_its_own(self):
         text = emulated_step.report_rows(self.rows())
         tables = [t for t in text.split("\n== ") if t.strip()]
@@ -134,12 +146,16 @@ class StackArgumentsTest(tf.test.TestCase):
         current = emulated_step.parse_args([], horovod=False)
         self.assertEqual(classic.variants, ["hvd", "default"])
         self.assertEqual(current.variants, ["mwms", "default"])
-        for horovod, other in ((True, "mwms"), (False, "hvd")):
+        for horovod, other in ((True, "mwms"), (False, "hvd"), (False, "default-tf")):
             with self.assertRaises(SystemExit), contextlib.redirect_stderr(io.StringIO()):
                 emulated_step.parse_args(["--variants", other], horovod=horovod)
         self.assertEqual(emulated_step.parse_args(
             ["--variants", "mwms-as-shipped", "ring"], horovod=False).variants,
             ["mwms-as-shipped", "ring"])
+        # the classic stack runs tftorus' tf engine beside Horovod's (the current one has no other)
+        self.assertEqual(emulated_step.parse_args(["--variants", "hvd", "default", "default-tf"],
+                                                  horovod=True).variants,
+                         ["hvd", "default", "default-tf"])
 
     def test_the_virtual_models_step_is_given_once(self):
         args = emulated_step.parse_args(["--model", "virtual", "--ratio", "2"], horovod=True)
