@@ -61,7 +61,10 @@ run is built into one.
 import argparse
 import csv
 import dataclasses
+import glob
 import math
+import os
+import re
 import statistics
 import sys
 from types import SimpleNamespace
@@ -110,6 +113,8 @@ class Case:
     compute_s: float
     measured: Tuple[Tuple[str, Optional[float], Optional[float]], ...] = ()
     source: str = ""
+    run_links: Optional[str] = None  # the TFTORUS_LINKS its run logged
+    run_plans: Tuple[str, ...] = ()  # the plans its run logged (plan_text's form)
 
     @property
     def cluster(self) -> str:
@@ -174,8 +179,34 @@ def read_steps_csv(path: str, stack: Optional[str] = None) -> List[Case]:
         measured = tuple((v, statistics.median(s for s, _ in runs),
                           statistics.median(a for _, a in runs))
                          for v, runs in sorted(groups[key].items()) if v != "compute")
-        cases.append(Case(key[0], key[1], key[2], key[3], stack, compute, measured, path))
+        links, plans = run_logs(os.path.dirname(path), *key)
+        cases.append(Case(key[0], key[1], key[2], key[3], stack, compute, measured, path,
+                          links, plans))
     return cases
+
+
+LOGGED_LINKS = re.compile(r"TFTORUS_LINKS='([^']+)'")
+LOGGED_PLAN = re.compile(r"tftorus: (grid .*?); predicted")
+
+
+def run_logs(directory: str, hosts: int, ranks: int, link_gbit: float, wire: str
+             ) -> Tuple[Optional[str], Tuple[str, ...]]:
+    """(the links, the plans) tftorus logged in a run's rank logs beside its CSV
+    (emulated_step's ranks_HxR_GBIT_WIRE.log on the classic stack, ranks_HxR_GBIT_LAUNCH_REPEAT.log
+    on the current one, whose launches plan every wire): the first links, every distinct plan."""
+    paths = sorted(glob.glob(os.path.join(directory, f"ranks_{hosts}x{ranks}_{link_gbit:g}_*.log")))
+    own = [p for p in paths if p.endswith(f"_{wire}.log")]
+    links, plans = None, []
+    for path in own or [p for p in paths if not re.search(r"_fp(16|32)\.log$", p)]:
+        with open(path, errors="replace") as f:
+            for line in f:
+                found = LOGGED_LINKS.search(line)
+                if found and links is None:
+                    links = found.group(1)
+                found = LOGGED_PLAN.search(line)
+                if found and found.group(1) not in plans:
+                    plans.append(found.group(1))
+    return links, tuple(plans)
 
 
 # ==================================================================================================
@@ -347,29 +378,32 @@ def tftorus_engine(cluster: SimulatedCluster, grid: TorusGrid, engine: str,
         columns_in_turn=not concurrent)  # Horovod with Gloo runs the columns in turn
 
 
-def tftorus_grid(cluster: SimulatedCluster, engine: str) -> TorusGrid:
+def tftorus_grid(cluster: SimulatedCluster, engine: str, links: planner.Links) -> TorusGrid:
     """The grid tftorus runs on: plan_grid at init on Horovod (its process sets are fixed
-    then), re-planned from the probed links on the tf engine (tftorus/context.py)."""
+    then), re-planned from the links on the tf engine (tftorus/context.py)."""
     if engine == "horovod":
         return plan_grid(cluster.size, cluster.local_size)
     from tftorus import context
-    return context._planned_grid(cluster.size, cluster.local_size, cluster.links(), engine)
+    return context._planned_grid(cluster.size, cluster.local_size, links, engine)
 
 
-def tftorus_plan(cluster: SimulatedCluster, tensors, engine: str) -> Tuple[planner.Plan,
-                                                                           planner.Engine]:
-    """The plan tftorus' first steps run: planner.first_plan on the probed links (its own cost
-    model), as reduction._plan makes it for a training step before replan()."""
-    grid = tftorus_grid(cluster, engine)
+def tftorus_plan(cluster: SimulatedCluster, tensors, engine: str,
+                 links: Optional[planner.Links] = None) -> Tuple[planner.Plan, planner.Engine]:
+    """The plan tftorus' first steps run: planner.first_plan on the links (default: the
+    simulated probe's) with its own cost model, as reduction._plan makes it for a training step
+    before replan()."""
+    links = links or cluster.links()
+    grid = tftorus_grid(cluster, engine, links)
     caps = tftorus_engine(cluster, grid, engine, sorted({d for _, d in tensors}))
-    p = planner.first_plan(cluster.size, cluster.local_size, tensors, cluster.links(), caps,
+    p = planner.first_plan(cluster.size, cluster.local_size, tensors, links, caps,
                            grid=grid, threshold_bytes=None, algorithm=None, chunks=None)
     return p, caps
 
 
 def predict_default(cluster: SimulatedCluster, tensors, ready, backward_end: float, engine: str,
-                    update_s: float = UPDATE_SECONDS) -> Prediction:
-    p, caps = tftorus_plan(cluster, tensors, engine)
+                    update_s: float = UPDATE_SECONDS, links: Optional[planner.Links] = None,
+                    variant: str = "default") -> Prediction:
+    p, caps = tftorus_plan(cluster, tensors, engine, links)
 
     def summed(at):
         return planner.timeline(cluster.costs, p.grid,
@@ -378,7 +412,7 @@ def predict_default(cluster: SimulatedCluster, tensors, ready, backward_end: flo
 
     alone = summed(lambda b: 0.0)
     last = summed(lambda b: max(ready[i] for i in b.indices))
-    return Prediction("default", alone + cluster.per_call, max(backward_end, last) + update_s,
+    return Prediction(variant, alone + cluster.per_call, max(backward_end, last) + update_s,
                       f"{engine} engine: {plan_text(p)}")
 
 
@@ -387,9 +421,18 @@ def plan_text(p: planner.Plan) -> str:
     return p.describe().split("; predicted")[0].replace("tftorus: ", "")
 
 
-def predict(cluster: SimulatedCluster, case: Case, update_s: float = UPDATE_SECONDS
-            ) -> List[Prediction]:
-    """Every variant of the case the model knows, in the case's order."""
+def run_plan_note(case: Case, pred: Prediction) -> str:
+    """Whether the run planned what the model planned (where its log says)."""
+    if not case.run_plans or not pred.variant.startswith("default"):
+        return ""
+    plan = pred.what.split(": ", 1)[1]
+    return " (the run's plan)" if plan in case.run_plans else " (**not** the run's plan)"
+
+
+def predict(cluster: SimulatedCluster, case: Case, update_s: float = UPDATE_SECONDS,
+            links: Optional[planner.Links] = None) -> List[Prediction]:
+    """Every variant of the case the model knows, in the case's order; tftorus plans on
+    `links` (default: the simulated probe's)."""
     tensors = gradient_set(case.wire)
     ready, backward_end = ready_times(case.compute_s, update_s)
     out = []
@@ -398,9 +441,11 @@ def predict(cluster: SimulatedCluster, case: Case, update_s: float = UPDATE_SECO
             out.append(predict_hvd(cluster, tensors, ready, backward_end, update_s))
         elif variant == "mwms":
             out.append(predict_mwms(cluster, gradient_set("fp32"), backward_end, update_s))
-        elif variant == "default":
-            out.append(predict_default(cluster, tensors, ready, backward_end,
-                                       STACK_ENGINES[case.stack], update_s))
+        elif variant in ("default", "default-tf"):
+            # default-tf: the classic stack's tftorus on its tf engine, beside Horovod
+            engine = "tf" if variant == "default-tf" else STACK_ENGINES[case.stack]
+            out.append(predict_default(cluster, tensors, ready, backward_end, engine, update_s,
+                                       links, variant))
     return out
 
 
@@ -415,10 +460,11 @@ def ratio(simulated: float, measured: Optional[float]) -> str:
 
 
 def report(cases: Sequence[Case], update_s: float = UPDATE_SECONDS,
-           links: Optional[planner.Links] = None) -> Optional[tuple]:
+           links: Optional[planner.Links] = None, run_links: bool = False) -> Optional[tuple]:
     """Build every case's cluster in one platform, predict, print the table; returns the worst
     step error (relative, signed; case, variant) or None where nothing was measured. `links`:
-    tftorus plans on these instead of the simulated probe's."""
+    tftorus plans on these instead of the simulated probe's; `run_links`: on the links each
+    case's run logged, where it did."""
     keys = sorted({(c.hosts, c.ranks, c.link_gbit) for c in cases})
     platform = sc.Platform([emulated_spec(*k) for k in keys])
     clusters = {k: SimulatedCluster(platform, cluster_name(*k), *host_fixed_costs(*k[:2]),
@@ -431,7 +477,8 @@ def report(cases: Sequence[Case], update_s: float = UPDATE_SECONDS,
     worst = None
     for case in cases:
         cluster = clusters[(case.hosts, case.ranks, case.link_gbit)]
-        for pred in predict(cluster, case, update_s):
+        mine = planner.Links.parse(case.run_links) if run_links and case.run_links else None
+        for pred in predict(cluster, case, update_s, mine):
             step, alone = case.measured_of(pred.variant)
             flag = ""
             if step:
@@ -443,13 +490,19 @@ def report(cases: Sequence[Case], update_s: float = UPDATE_SECONDS,
             print(f"| {case.cluster} | {case.link_gbit:g} | {case.wire} | {case.stack} | "
                   f"{case.compute_s:.3f} | {pred.variant} | {ratio(pred.alone_s, alone)} | "
                   f"{ratio(pred.step_s, step)}{flag} | "
-                  f"{pred.step_s - case.compute_s:.3f} / {past} | {pred.what} |")
+                  f"{pred.step_s - case.compute_s:.3f} / {past} | {pred.what}"
+                  f"{run_plan_note(case, pred)} |")
     print()
     for k, cluster in clusters.items():
         print(f"- {k[0]}x{k[1]} at {k[2]:g} Gbit/s: tftorus' links ({cluster.links().source}) "
               f"`{cluster.links().spec()}`; "
               f"fixed costs {cluster.per_call * 1e3:.1f} ms a call, "
               f"{cluster.world.per_op * 1e3:.1f} ms a collective")
+    logged = sorted({(c.source, c.wire, c.run_links, c.run_plans) for c in cases if c.run_plans})
+    for source, wire, spec, plans in logged:
+        used = " (planned on)" if run_links else ""
+        print(f"- {source} {wire}: the run's links{used} `{spec}`; its plans: "
+              + "; ".join(plans))
     if worst is not None:
         error, case, variant = worst
         print(f"\n**Worst step error: {error:+.1%}** ({case.cluster} {case.wire} {case.stack}, "
@@ -477,6 +530,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="tftorus plans on these links (TFTORUS_LINKS form, e.g. a run's logged "
                         "'intra=3490us@1.432GB/s,inter=2474us@0.03207GB/s,lanes=1.012') instead "
                         "of the simulated probe's: the plan that run made, on simulated costs")
+    p.add_argument("--run-links", action="store_true",
+                   help="tftorus plans on the links each CSV's run logged (its rank logs beside "
+                        "the CSV) instead of the simulated probe's")
     p.add_argument("--update-s", type=float, default=UPDATE_SECONDS,
                    help="the update after the backward pass, inside the compute (default "
                         "%(default)s)")
@@ -485,6 +541,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("--clusters and --compute-s go together (predictions without measurements)")
     if args.clusters and args.csv:
         p.error("give --csv (measured steps) or --clusters with --compute-s, not both")
+    if args.links and args.run_links:
+        p.error("give --links (the same for every case) or --run-links (each run's), not both")
     for v in (args.compute_s or []) + args.link_gbit:
         if not (v > 0 and math.isfinite(v)):
             p.error(f"--compute-s and --link-gbit take numbers > 0, got {v}")
@@ -527,7 +585,7 @@ def main(argv: Sequence[str] = None) -> int:
     print("## The emulated cluster's training step, simulated\n")
     print(f"Measured: {', '.join(sources)}. Step = max(backward end, last gradient summed) + "
           f"update ({args.update_s * 1e3:.0f} ms); ratios simulated / measured.\n")
-    report(cases, args.update_s, args.links)
+    report(cases, args.update_s, args.links, args.run_links)
     return 0
 
 
