@@ -87,6 +87,23 @@ class StepsCsvTest(unittest.TestCase):
         self.assertEqual(fp32.measured_of("hvd"), (5.8, 4.8))
         self.assertEqual(fp32.measured_of("default"), (None, None))
 
+    def test_the_runs_logged_links_and_plans(self):
+        plan = "grid 2x2, 5 buckets of 11.1/10.6/... MiB, 1 chunk each, torus"
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "steps.csv")
+            write_csv(path, [(2, 2, 0.25, w, 0, v, 1.0, 0, "virtual")
+                             for w in ("fp16", "fp32") for v in ("compute", "default")])
+            with open(os.path.join(d, "ranks_2x2_0.25_fp16.log"), "w") as f:
+                f.write("[0]   tftorus: link probe 1.12 s; links measured: ... (TFTORUS_LINKS="
+                        "'intra=3490us@1.432GB/s,inter=2474us@0.03207GB/s,lanes=1.012' gives "
+                        f"them without the probe)\n[0]   tftorus: {plan}; predicted 1.56e+03 "
+                        "ms per all-reduce; links measured: ...\n")
+            fp16, fp32 = ss.read_steps_csv(path)
+        self.assertEqual(fp16.run_links, "intra=3490us@1.432GB/s,inter=2474us@0.03207GB/s,"
+                                         "lanes=1.012")
+        self.assertEqual(fp16.run_plans, (plan,))
+        self.assertEqual((fp32.run_links, fp32.run_plans), (None, ()))  # its wire's log is absent
+
     def test_current_file_mwms_joins_the_fp32_case(self):
         with tempfile.TemporaryDirectory() as d:
             path = os.path.join(d, "steps.csv")
