@@ -89,6 +89,29 @@ class PlannerTest(unittest.TestCase):
         self.assertEqual(planner.cut_buckets(tensors, 4 * MIB, 4 * MIB),
                          planner.bucket_indices(tensors, 4 * MIB))
 
+    def test_the_first_ready_buckets_last_tensors_may_go_first(self):
+        tensors = [(MIB, "float16")] * 64
+        cut = planner.cut_buckets(tensors, 32 * MIB, head_bytes=4 * MIB)
+        self.assertEqual(cut[0], tuple(range(60, 64)))  # ready first, sent first
+        self.assertEqual(cut[1], tuple(range(32, 60)))
+        self.assertEqual(cut[2], tuple(range(32)))
+        # the link binds, calls cost (few buckets), and the first bucket is made late: its
+        # head starts the link early
+        slow = links(20e-3, 0.05)
+        profile = even_profile(tensors, 0.5 * planner.plan(8, 4, tensors, slow,
+                                                           HOROVOD_ENGINE).seconds)
+        with_head = planner.plan(8, 4, tensors, slow, HOROVOD_ENGINE, profile=profile)
+        self.assertIsNotNone(with_head.head_bytes)
+        self.assertIn("first-ready one's first", with_head.describe())
+        original = planner.HEAD_DIVISORS
+        planner.HEAD_DIVISORS = (1,)
+        try:
+            without = planner.plan(8, 4, tensors, slow, HOROVOD_ENGINE, profile=profile)
+        finally:
+            planner.HEAD_DIVISORS = original
+        self.assertIsNone(without.head_bytes)
+        self.assertLess(with_head.exposed_seconds, without.exposed_seconds)
+
     def test_first_steps_are_planned_for_an_assumed_backward_pass(self):
         # before replan() there is no profile: one buffer would hide nothing
         tensors = resnet_like()
