@@ -245,24 +245,25 @@ def lanes(record: dict, collectives: Sequence[Collective]) -> List[Lane]:
         else:
             fused.append([c])
     named = hvd_gradients(fused, len(sizes))
-    for j, group in enumerate(fused):
-        out.append(_lane(f"fused {j} ({len(group)} tensors)", group,
-                         max(c.asked for c in group), named[j] if named else None, ready, sizes))
+    for j, group in enumerate(fused):  # Horovod's optimizer's, or another (its response named)
+        label = "fused" if named[j] else group[0].kind.lower()
+        out.append(_lane(f"{label} {j} ({len(group)} tensor{'s' * (len(group) > 1)})", group,
+                         max(c.asked for c in group), named[j], ready, sizes))
     return sorted(out, key=lambda lane: lane.start)
 
 
 def hvd_gradients(fused: Sequence[Sequence[Collective]], gradients: int
-                  ) -> Optional[List[List[int]]]:
+                  ) -> List[Optional[List[int]]]:
     """The gradients' indices of each of Horovod's fused all-reduces, read from its tensors'
-    names; None unless every name gives one and no gradient comes twice."""
-    found = [[HVD_GRADIENT.search(c.tensor) for c in group] for group in fused]
-    if not all(m for group in found for m in group):
-        return None
-    indices = [[int(m.group(1) or 0) for m in group] for group in found]
-    flat = [i for group in indices for i in group]
-    if len(set(flat)) != len(flat) or any(i >= gradients for i in flat):
-        return None
-    return indices
+    names: None for a group of other names, and for every group if a gradient came twice."""
+    out = []
+    for group in fused:
+        found = [HVD_GRADIENT.search(c.tensor) for c in group]
+        indices = [int(m.group(1) or 0) for m in found if m]
+        out.append(indices if len(indices) == len(group) and max(indices) < gradients
+                   else None)
+    flat = [i for indices in out if indices for i in indices]
+    return out if len(set(flat)) == len(flat) else [None] * len(out)
 
 
 def _lane(label, collectives, asked, members, ready, sizes) -> Lane:

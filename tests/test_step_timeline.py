@@ -127,7 +127,7 @@ class StepTimelineTest(unittest.TestCase):
         r = record("default", [[3], [0, 1, 2]])
         lanes = st.lanes(r, st.step_collectives(r, self.events))
         # the torus' 6 phases of this step alone; Horovod's tensors make the fused lanes
-        self.assertEqual([lane.label for lane in lanes][:2], ["bucket 0", "fused 0 (1 tensors)"])
+        self.assertEqual([lane.label for lane in lanes][:2], ["bucket 0", "fused 0 (1 tensor)"])
         bucket0, bucket1 = [lane for lane in lanes if lane.label.startswith("bucket")]
         self.assertEqual(len(bucket0.collectives), 3)
         self.assertAlmostEqual(bucket0.asked, 0.51, places=5)
@@ -165,7 +165,7 @@ class StepTimelineTest(unittest.TestCase):
         fused = [lane for lane in st.lanes(r, st.step_collectives(r, self.events))
                  if lane.label.startswith("fused")]
         self.assertEqual([lane.label for lane in fused],
-                         ["fused 0 (1 tensors)", "fused 1 (3 tensors)"])
+                         ["fused 0 (1 tensor)", "fused 1 (3 tensors)"])
         self.assertEqual(fused[0].gradients, [3])
         self.assertEqual(sorted(fused[1].gradients), [0, 1, 2])
         self.assertAlmostEqual(fused[1].ready, 0.9, places=5)
@@ -178,7 +178,14 @@ class StepTimelineTest(unittest.TestCase):
         # a gradient named twice: no name is trusted
         twice = [[c._replace(tensor="X_Allreduce/cond_1/H") for c in group]
                  for group in ([fused[0].collectives[0]], fused[1].collectives)]
-        self.assertIsNone(st.hvd_gradients(twice, 4))
+        self.assertEqual(st.hvd_gradients(twice, 4), [None, None])
+        # another collective in the step (here the line-up after it, read 0.25 s earlier) is
+        # a lane of its own, named by its kind; Horovod's optimizer's keep their gradients
+        r["step_start_epoch_s"] += 0.25
+        step_lanes = st.lanes(r, st.step_collectives(r, self.events))
+        self.assertIn("allreduce 2 (1 tensor)", [lane.label for lane in step_lanes])
+        self.assertEqual(next(lane for lane in step_lanes
+                              if lane.label == "fused 1 (3 tensors)").gradients, [0, 1, 2])
 
     def test_drawing_and_command(self):
         for r in (record("hvd"), record("default", [[3], [0, 1, 2]])):
