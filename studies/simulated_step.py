@@ -50,9 +50,12 @@ collective):
             cross_device_utils.group_by_size(values, bytes_per_pack); CommunicationOptions'
             bytes_per_pack defaults to 0 (emulated_step sets only the implementation), which is
             one pack: a concat of every gradient, one all_reduce_v2 (ring). So its all-reduce
-            starts when the backward pass ends, one ring of every FP32 byte. Assumed: TF's CPU
-            ring reducer moves a ring's bytes and its fixed cost is the Horovod engine's (no
-            calibration of its own); the concat and split copies cost nothing.
+            starts when the backward pass ends, one ring of every FP32 byte. mwms-packN
+            (bytes_per_pack = N MiB): the packs group_by_size cuts, each a ring all-reduce once
+            its last gradient exists, one after the other (the launcher's ordering token orders
+            its collectives). Assumed: TF's CPU ring reducer moves a ring's bytes and its fixed
+            cost is the Horovod engine's (no calibration of its own); the concat and split
+            copies cost nothing.
 
 A study: the product never imports it. Needs SimGrid (exits 77 without it, as
 studies/simulated_cluster.py does); one SimGrid platform per process, so every cluster of a
@@ -125,7 +128,8 @@ class Case:
         was measured here."""
         mine = tuple(v for v in STACK_VARIANTS[self.stack]
                      if not (v == "mwms" and self.wire != "fp32"))
-        return mine + tuple(v for v, _, _ in self.measured if v not in mine)
+        return mine + tuple(v for v, _, _ in self.measured if v not in mine
+                            and v not in ("mwms-as-shipped", "compute"))
 
     def measured_of(self, variant: str) -> Tuple[Optional[float], Optional[float]]:
         for v, step, alone in self.measured:
@@ -274,11 +278,12 @@ class SimulatedCluster:
         self._links = links
 
     def links(self) -> planner.Links:
-        """What link_probe.probe would fit here: its all-reduces, each one call (the probe
-        times eager calls); or the links given instead."""
+        """What link_probe.probe would fit here: its all-reduces, each one collective (the
+        probe calls the engine's all-reduce itself: no consistency check, no fused call, so
+        not the per-call cost; with it, the simulated 2 x 4's inter-host latency came out
+        11 ms where the runs measured 2.5); or the links given instead."""
         if self._links is None:
-            timings = [link_probe.Timing(level, members, nbytes,
-                                         self.world.seconds(req) + self.per_call)
+            timings = [link_probe.Timing(level, members, nbytes, self.world.seconds(req))
                        for level, members, nbytes, req in self._probe]
             self._links = link_probe.fit(timings, self.local_size, source="simulated probe")
         return self._links
@@ -354,11 +359,39 @@ def predict_hvd(cluster: SimulatedCluster, tensors, ready, backward_end: float,
                       f"{len(step)} fused ring all-reduces in the step ({len(alone)} alone)")
 
 
-def predict_mwms(cluster: SimulatedCluster, tensors, backward_end: float,
-                 update_s: float = UPDATE_SECONDS) -> Prediction:
-    total = cluster.ring_seconds(sum(b for b, _ in tensors))
-    return Prediction("mwms", total + cluster.per_call, backward_end + total + update_s,
-                      "one FP32 ring all-reduce after the backward pass")
+def mwms_packs(nbytes: Sequence[int], bytes_per_pack: int) -> List[Tuple[int, ...]]:
+    """CollectiveAllReduce._all_reduce's packs (TF 2.21): the gradients reversed (the backward
+    pass' order), cut by cross_device_utils.group_by_size: a pack closes once it holds more
+    than `bytes_per_pack` (0: one pack of everything)."""
+    order = list(reversed(range(len(nbytes))))
+    if bytes_per_pack == 0:
+        return [tuple(order)]
+    packs: List[List[int]] = []
+    used = 0
+    for i in order:
+        if not packs or used > bytes_per_pack:
+            packs.append([])
+            used = 0
+        packs[-1].append(i)
+        used += nbytes[i]
+    return [tuple(p) for p in packs]
+
+
+def predict_mwms(cluster: SimulatedCluster, tensors, ready, backward_end: float,
+                 update_s: float = UPDATE_SECONDS, bytes_per_pack: int = 0,
+                 variant: str = "mwms") -> Prediction:
+    """Each pack one ring all-reduce (a concat, all_reduce_v2), one after the other in pack
+    order (the launcher's ordering token), each once its last gradient exists."""
+    sizes = [b for b, _ in tensors]
+    packs = mwms_packs(sizes, bytes_per_pack)
+    alone = step = 0.0
+    for pack in packs:
+        seconds = cluster.ring_seconds(sum(sizes[i] for i in pack))
+        alone += seconds
+        step = max(step, max(ready[i] for i in pack)) + seconds
+    what = (f"{len(packs)} FP32 ring all-reduces of packs of > {bytes_per_pack / MIB:g} MiB, in "
+            f"turn" if bytes_per_pack else "one FP32 ring all-reduce after the backward pass")
+    return Prediction(variant, alone + cluster.per_call, max(backward_end, step) + update_s, what)
 
 
 def tftorus_engine(cluster: SimulatedCluster, grid: TorusGrid, engine: str,
@@ -439,8 +472,10 @@ def predict(cluster: SimulatedCluster, case: Case, update_s: float = UPDATE_SECO
     for variant in case.variants():
         if variant == "hvd":
             out.append(predict_hvd(cluster, tensors, ready, backward_end, update_s))
-        elif variant == "mwms":
-            out.append(predict_mwms(cluster, gradient_set("fp32"), backward_end, update_s))
+        elif variant == "mwms" or variant.startswith("mwms-pack"):
+            pack_mib = int(variant[len("mwms-pack"):]) if variant != "mwms" else 0
+            out.append(predict_mwms(cluster, gradient_set("fp32"), ready, backward_end,
+                                    update_s, pack_mib * MIB, variant))
         elif variant in ("default", "default-tf"):
             # default-tf: the classic stack's tftorus on its tf engine, beside Horovod
             engine = "tf" if variant == "default-tf" else STACK_ENGINES[case.stack]

@@ -52,6 +52,12 @@ class HorovodLoopTest(unittest.TestCase):
         self.assertAlmostEqual(rs[-1].end, 3 * 0.010 + 620 * 1e-6)
 
 
+class MwmsPacksTest(unittest.TestCase):
+    def test_packs_close_once_above_the_size_in_backward_order(self):
+        self.assertEqual(ss.mwms_packs([10, 20, 30, 40], 35), [(3,), (2, 1), (0,)])
+        self.assertEqual(ss.mwms_packs([10, 20, 30, 40], 0), [(3, 2, 1, 0)])  # TF's default
+
+
 def write_csv(path, rows):
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=("hosts", "ranks_per_host", "link_gbit", "wire",
@@ -173,6 +179,11 @@ class SimulatedStepTest(unittest.TestCase):
         ring = self.cluster.ring_seconds(sum(b for b, _ in ss.gradient_set("fp32")))
         self.assertAlmostEqual(p.step_s, compute + ring)
         self.assertAlmostEqual(p.alone_s, ring + self.PER_CALL)
+        # in packs of 16 MiB the first ones leave during the backward pass
+        case = ss.Case(2, 2, 0.25, "fp32", "current", compute, (("mwms-pack16", None, None),))
+        packed = {q.variant: q for q in ss.predict(self.cluster, case)}["mwms-pack16"]
+        self.assertLess(packed.step_s, p.step_s - 1.0)
+        self.assertGreater(packed.alone_s, p.alone_s)  # a collective's fixed cost per pack
 
     def test_overlap_hides_compute(self):
         # a backward pass as long as the all-reduce: every optimizer that sends early ends
