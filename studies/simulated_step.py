@@ -42,6 +42,8 @@ collective):
             planner.timeline, each from its bucket's ready time (the last of its gradients):
             one collective at a time on the classic stack's Horovod engine, the torus' row and
             column queues on the current stack's tf engine.
+  replanned the same after ReplanCallback: planner.plan with the gradients' ready times after the
+            first one's, as the step's clocks measure them (here the schedule's, exactly).
   mwms      tf.distribute.MultiWorkerMirroredStrategy, ring, FP32 (the current stack's peer).
             Read from TF 2.21 and Keras 3 sources: Keras' TF optimizer sums the gradients with
             one replica_context.all_reduce(SUM, grads) after the tape's gradient
@@ -124,9 +126,9 @@ class Case:
         return f"{self.hosts}x{self.ranks}"
 
     def variants(self) -> Tuple[str, ...]:
-        """What to predict: the stack's variants (MWMS only on its FP32 wire) and whatever else
-        was measured here."""
-        mine = tuple(v for v in STACK_VARIANTS[self.stack]
+        """What to predict: the stack's variants (MWMS only on its FP32 wire; unmeasured cases
+        also tftorus after replan()) and whatever else was measured here."""
+        mine = tuple(v for v in STACK_VARIANTS[self.stack] + ("replanned",) * (not self.measured)
                      if not (v == "mwms" and self.wire != "fp32"))
         return mine + tuple(v for v, _, _ in self.measured if v not in mine
                             and v not in ("mwms-as-shipped", "compute"))
@@ -138,18 +140,23 @@ class Case:
         return None, None
 
 
-#: The steps docs/emulated_cluster.md quotes ("Compute off the CPU", 2026-11-27; 2 repeats,
-#: medians): (r, wire, compute, {variant: (step, all-reduce alone)}); the all-reduce alone was
-#: quoted for r = 2 only.
+#: The steps docs/emulated_cluster.md quotes ("Compute off the CPU", 2026-11-27, after the
+#: planner's tail cut; 2 repeats, medians, the all-reduce alone from the runs' CSVs): 2 x 2 at
+#: r = 2 (FP16, FP32; tftorus on both engines), 1 and 0.2 (FP16), and 2 x 4 at r = 2
+#: (HOROVOD_CYCLE_TIME=5 there; the cycle moves these predictions by under 2 ms).
 MEASURED = [
-    Case(2, 2, 0.25, "fp16", "classic", 1.295, (("hvd", 2.962, 2.539), ("default", 2.288, 1.815)),
-         "r = 2"),
-    Case(2, 2, 0.25, "fp32", "classic", 2.432, (("hvd", 5.796, 4.838), ("default", 4.315, 3.447)),
-         "r = 2"),
-    Case(2, 2, 0.25, "fp16", "classic", 2.580, (("hvd", 3.430, None), ("default", 2.897, None)),
-         "r = 1"),
-    Case(2, 2, 0.25, "fp16", "classic", 12.562, (("hvd", 12.591, None),
-                                                 ("default", 12.879, None)), "r = 0.2"),
+    Case(2, 2, 0.25, "fp16", "classic", 1.267, (("hvd", 2.944, 2.538), ("default", 2.260, 1.815),
+                                                ("default-tf", 2.300, 1.810)), "2 x 2, r = 2"),
+    Case(2, 2, 0.25, "fp32", "classic", 2.459, (("hvd", 5.787, 4.834), ("default", 4.355, 3.439),
+                                                ("default-tf", 4.362, 3.439)), "2 x 2, r = 2"),
+    Case(2, 2, 0.25, "fp16", "classic", 2.601, (("hvd", 3.495, 2.614), ("default", 2.820, 1.840)),
+         "2 x 2, r = 1"),
+    Case(2, 2, 0.25, "fp16", "classic", 12.819, (("hvd", 12.851, 2.510),
+                                                 ("default", 13.012, 1.814)), "2 x 2, r = 0.2"),
+    Case(2, 4, 0.25, "fp16", "classic", 1.624, (("hvd", 3.584, 3.240), ("default", 2.751, 2.069)),
+         "2 x 4, r = 2"),
+    Case(2, 4, 0.25, "fp32", "classic", 2.914, (("hvd", 6.904, 5.666), ("default", 4.987, 3.713)),
+         "2 x 4, r = 2"),
 ]
 
 
@@ -350,10 +357,11 @@ class Prediction:
 
 
 def predict_hvd(cluster: SimulatedCluster, tensors, ready, backward_end: float,
-                update_s: float = UPDATE_SECONDS) -> Prediction:
+                update_s: float = UPDATE_SECONDS,
+                cycle_s: float = HOROVOD_CYCLE_SECONDS) -> Prediction:
     sizes = [b for b, _ in tensors]
-    alone = horovod_responses([0.0] * len(sizes), sizes, cluster.ring_seconds)
-    step = horovod_responses(ready, sizes, cluster.ring_seconds)
+    alone = horovod_responses([0.0] * len(sizes), sizes, cluster.ring_seconds, cycle_s)
+    step = horovod_responses(ready, sizes, cluster.ring_seconds, cycle_s)
     return Prediction("hvd", alone[-1].end + cluster.per_call,
                       max(backward_end, step[-1].end) + update_s,
                       f"{len(step)} fused ring all-reduces in the step ({len(alone)} alone)")
@@ -421,22 +429,33 @@ def tftorus_grid(cluster: SimulatedCluster, engine: str, links: planner.Links) -
 
 
 def tftorus_plan(cluster: SimulatedCluster, tensors, engine: str,
-                 links: Optional[planner.Links] = None) -> Tuple[planner.Plan, planner.Engine]:
-    """The plan tftorus' first steps run: planner.first_plan on the links (default: the
-    simulated probe's) with its own cost model, as reduction._plan makes it for a training step
-    before replan()."""
+                 links: Optional[planner.Links] = None,
+                 ready: Optional[Sequence[float]] = None) -> Tuple[planner.Plan, planner.Engine]:
+    """The plan tftorus runs, as reduction._plan makes it for a training step, on the links
+    (default: the simulated probe's) with its own cost model: before replan(), planner.first_plan;
+    after it (`ready` given: what the step's clocks measure, readiness.py), planner.plan with
+    the gradients' ready times after the first one's."""
     links = links or cluster.links()
     grid = tftorus_grid(cluster, engine, links)
     caps = tftorus_engine(cluster, grid, engine, sorted({d for _, d in tensors}))
-    p = planner.first_plan(cluster.size, cluster.local_size, tensors, links, caps,
-                           grid=grid, threshold_bytes=None, algorithm=None, chunks=None)
+    fixed = dict(grid=grid, threshold_bytes=None, algorithm=None, chunks=None)
+    if ready is None:
+        p = planner.first_plan(cluster.size, cluster.local_size, tensors, links, caps, **fixed)
+    else:
+        first = min(ready)
+        profile = planner.StepProfile(tuple(r - first for r in ready), max(ready) - first)
+        p = planner.plan(cluster.size, cluster.local_size, tensors, links, caps,
+                         profile=profile, **fixed)
     return p, caps
 
 
 def predict_default(cluster: SimulatedCluster, tensors, ready, backward_end: float, engine: str,
                     update_s: float = UPDATE_SECONDS, links: Optional[planner.Links] = None,
                     variant: str = "default") -> Prediction:
-    p, caps = tftorus_plan(cluster, tensors, engine, links)
+    """tftorus' DistributedOptimizer (`default`, `default-tf`), or after replan()
+    (`replanned`)."""
+    p, caps = tftorus_plan(cluster, tensors, engine, links,
+                           ready if variant == "replanned" else None)
 
     def summed(at):
         return planner.timeline(cluster.costs, p.grid,
@@ -456,27 +475,28 @@ def plan_text(p: planner.Plan) -> str:
 
 def run_plan_note(case: Case, pred: Prediction) -> str:
     """Whether the run planned what the model planned (where its log says)."""
-    if not case.run_plans or not pred.variant.startswith("default"):
+    if not case.run_plans or pred.variant not in ("default", "default-tf", "replanned"):
         return ""
     plan = pred.what.split(": ", 1)[1]
     return " (the run's plan)" if plan in case.run_plans else " (**not** the run's plan)"
 
 
 def predict(cluster: SimulatedCluster, case: Case, update_s: float = UPDATE_SECONDS,
-            links: Optional[planner.Links] = None) -> List[Prediction]:
+            links: Optional[planner.Links] = None,
+            cycle_s: float = HOROVOD_CYCLE_SECONDS) -> List[Prediction]:
     """Every variant of the case the model knows, in the case's order; tftorus plans on
-    `links` (default: the simulated probe's)."""
+    `links` (default: the simulated probe's); Horovod's loop cycles every `cycle_s`."""
     tensors = gradient_set(case.wire)
     ready, backward_end = ready_times(case.compute_s, update_s)
     out = []
     for variant in case.variants():
         if variant == "hvd":
-            out.append(predict_hvd(cluster, tensors, ready, backward_end, update_s))
+            out.append(predict_hvd(cluster, tensors, ready, backward_end, update_s, cycle_s))
         elif variant == "mwms" or variant.startswith("mwms-pack"):
             pack_mib = int(variant[len("mwms-pack"):]) if variant != "mwms" else 0
             out.append(predict_mwms(cluster, gradient_set("fp32"), ready, backward_end,
                                     update_s, pack_mib * MIB, variant))
-        elif variant in ("default", "default-tf"):
+        elif variant in ("default", "default-tf", "replanned"):
             # default-tf: the classic stack's tftorus on its tf engine, beside Horovod
             engine = "tf" if variant == "default-tf" else STACK_ENGINES[case.stack]
             out.append(predict_default(cluster, tensors, ready, backward_end, engine, update_s,
@@ -495,7 +515,8 @@ def ratio(simulated: float, measured: Optional[float]) -> str:
 
 
 def report(cases: Sequence[Case], update_s: float = UPDATE_SECONDS,
-           links: Optional[planner.Links] = None, run_links: bool = False) -> Optional[tuple]:
+           links: Optional[planner.Links] = None, run_links: bool = False,
+           cycle_s: float = HOROVOD_CYCLE_SECONDS) -> Optional[tuple]:
     """Build every case's cluster in one platform, predict, print the table; returns the worst
     step error (relative, signed; case, variant) or None where nothing was measured. `links`:
     tftorus plans on these instead of the simulated probe's; `run_links`: on the links each
@@ -513,7 +534,7 @@ def report(cases: Sequence[Case], update_s: float = UPDATE_SECONDS,
     for case in cases:
         cluster = clusters[(case.hosts, case.ranks, case.link_gbit)]
         mine = planner.Links.parse(case.run_links) if run_links and case.run_links else None
-        for pred in predict(cluster, case, update_s, mine):
+        for pred in predict(cluster, case, update_s, mine, cycle_s):
             step, alone = case.measured_of(pred.variant)
             flag = ""
             if step:
@@ -568,6 +589,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--run-links", action="store_true",
                    help="tftorus plans on the links each CSV's run logged (its rank logs beside "
                         "the CSV) instead of the simulated probe's")
+    p.add_argument("--horovod-cycle-ms", type=float, default=HOROVOD_CYCLE_SECONDS * 1e3,
+                   help="HOROVOD_CYCLE_TIME of the runs (default Horovod's, %(default)g)")
     p.add_argument("--update-s", type=float, default=UPDATE_SECONDS,
                    help="the update after the backward pass, inside the compute (default "
                         "%(default)s)")
@@ -583,6 +606,8 @@ def parse_args(argv=None) -> argparse.Namespace:
             p.error(f"--compute-s and --link-gbit take numbers > 0, got {v}")
     if not 0 <= args.update_s:
         p.error("--update-s must be >= 0")
+    if not args.horovod_cycle_ms > 0:
+        p.error("--horovod-cycle-ms must be > 0")
     return args
 
 
@@ -618,9 +643,10 @@ def main(argv: Sequence[str] = None) -> int:
         return 1
     sources = sorted({c.source for c in cases})
     print("## The emulated cluster's training step, simulated\n")
-    print(f"Measured: {', '.join(sources)}. Step = max(backward end, last gradient summed) + "
-          f"update ({args.update_s * 1e3:.0f} ms); ratios simulated / measured.\n")
-    report(cases, args.update_s, args.links, args.run_links)
+    print(f"Measured: {'; '.join(sources)}. Step = max(backward end, last gradient summed) + "
+          f"update ({args.update_s * 1e3:.0f} ms); Horovod's cycle {args.horovod_cycle_ms:g} ms; "
+          f"ratios simulated / measured.\n")
+    report(cases, args.update_s, args.links, args.run_links, args.horovod_cycle_ms * 1e-3)
     return 0
 
 
