@@ -41,7 +41,10 @@ collective):
             from the links on the tf engine), its buckets' all-reduces queued by
             planner.timeline, each from its bucket's ready time (the last of its gradients):
             one collective at a time on the classic stack's Horovod engine, the torus' row and
-            column queues on the current stack's tf engine.
+            column queues on the current stack's tf engine (and on the classic stack's
+            `default-tf`, tftorus' tf engine beside Horovod). Where the CSV's run logged its
+            links and plans (its rank logs beside it), the table says whether the model's plan is
+            the run's; --run-links plans on the run's links instead of the simulated probe's.
   replanned the same after ReplanCallback: planner.plan with the gradients' ready times after the
             first one's, as the step's clocks measure them (here the schedule's, exactly).
   mwms      tf.distribute.MultiWorkerMirroredStrategy, ring, FP32 (the current stack's peer).
@@ -120,6 +123,7 @@ class Case:
     source: str = ""
     run_links: Optional[str] = None  # the TFTORUS_LINKS its run logged
     run_plans: Tuple[str, ...] = ()  # the plans its run logged (plan_text's form)
+    run_clocked_span_s: Optional[float] = None  # replan()'s clocks: first to last gradient
 
     @property
     def cluster(self) -> str:
@@ -190,24 +194,26 @@ def read_steps_csv(path: str, stack: Optional[str] = None) -> List[Case]:
         measured = tuple((v, statistics.median(s for s, _ in runs),
                           statistics.median(a for _, a in runs))
                          for v, runs in sorted(groups[key].items()) if v != "compute")
-        links, plans = run_logs(os.path.dirname(path), *key)
+        links, plans, span = run_logs(os.path.dirname(path), *key)
         cases.append(Case(key[0], key[1], key[2], key[3], stack, compute, measured, path,
-                          links, plans))
+                          links, plans, span))
     return cases
 
 
 LOGGED_LINKS = re.compile(r"TFTORUS_LINKS='([^']+)'")
 LOGGED_PLAN = re.compile(r"tftorus: (grid .*?); predicted")
+LOGGED_SPAN = re.compile(r"tftorus: the step's gradients come ([0-9.]+) ms apart")
 
 
 def run_logs(directory: str, hosts: int, ranks: int, link_gbit: float, wire: str
-             ) -> Tuple[Optional[str], Tuple[str, ...]]:
-    """(the links, the plans) tftorus logged in a run's rank logs beside its CSV
-    (emulated_step's ranks_HxR_GBIT_WIRE.log on the classic stack, ranks_HxR_GBIT_LAUNCH_REPEAT.log
-    on the current one, whose launches plan every wire): the first links, every distinct plan."""
+             ) -> Tuple[Optional[str], Tuple[str, ...], Optional[float]]:
+    """(the links, the plans, the clocked span s) tftorus logged in a run's rank logs beside its
+    CSV (emulated_step's ranks_HxR_GBIT_WIRE.log on the classic stack,
+    ranks_HxR_GBIT_LAUNCH_REPEAT.log on the current one, whose launches plan every wire): the
+    first links, every distinct plan, the first span replan() read from the step's clocks."""
     paths = sorted(glob.glob(os.path.join(directory, f"ranks_{hosts}x{ranks}_{link_gbit:g}_*.log")))
     own = [p for p in paths if p.endswith(f"_{wire}.log")]
-    links, plans = None, []
+    links, plans, span = None, [], None
     for path in own or [p for p in paths if not re.search(r"_fp(16|32)\.log$", p)]:
         with open(path, errors="replace") as f:
             for line in f:
@@ -217,7 +223,10 @@ def run_logs(directory: str, hosts: int, ranks: int, link_gbit: float, wire: str
                 found = LOGGED_PLAN.search(line)
                 if found and found.group(1) not in plans:
                     plans.append(found.group(1))
-    return links, tuple(plans)
+                found = LOGGED_SPAN.search(line)
+                if found and span is None:
+                    span = float(found.group(1)) * 1e-3
+    return links, tuple(plans), span
 
 
 # ==================================================================================================
@@ -451,11 +460,17 @@ def tftorus_plan(cluster: SimulatedCluster, tensors, engine: str,
 
 def predict_default(cluster: SimulatedCluster, tensors, ready, backward_end: float, engine: str,
                     update_s: float = UPDATE_SECONDS, links: Optional[planner.Links] = None,
-                    variant: str = "default") -> Prediction:
+                    variant: str = "default", clocked_span_s: Optional[float] = None
+                    ) -> Prediction:
     """tftorus' DistributedOptimizer (`default`, `default-tf`), or after replan()
-    (`replanned`)."""
-    p, caps = tftorus_plan(cluster, tensors, engine, links,
-                           ready if variant == "replanned" else None)
+    (`replanned`: planned on the ready times, or, given `clocked_span_s`, on them squeezed to
+    the span the run's clocks measured; summed as the gradients are really ready)."""
+    clocked = None
+    if variant == "replanned":
+        first = min(ready)
+        squeeze = 1.0 if clocked_span_s is None else clocked_span_s / (max(ready) - first)
+        clocked = [first + (r - first) * squeeze for r in ready]
+    p, caps = tftorus_plan(cluster, tensors, engine, links, clocked)
 
     def summed(at):
         return planner.timeline(cluster.costs, p.grid,
@@ -483,9 +498,11 @@ def run_plan_note(case: Case, pred: Prediction) -> str:
 
 def predict(cluster: SimulatedCluster, case: Case, update_s: float = UPDATE_SECONDS,
             links: Optional[planner.Links] = None,
-            cycle_s: float = HOROVOD_CYCLE_SECONDS) -> List[Prediction]:
+            cycle_s: float = HOROVOD_CYCLE_SECONDS,
+            clocked_span_s: Optional[float] = None) -> List[Prediction]:
     """Every variant of the case the model knows, in the case's order; tftorus plans on
-    `links` (default: the simulated probe's); Horovod's loop cycles every `cycle_s`."""
+    `links` (default: the simulated probe's), replans on the readiness squeezed to
+    `clocked_span_s` where given; Horovod's loop cycles every `cycle_s`."""
     tensors = gradient_set(case.wire)
     ready, backward_end = ready_times(case.compute_s, update_s)
     out = []
@@ -500,7 +517,7 @@ def predict(cluster: SimulatedCluster, case: Case, update_s: float = UPDATE_SECO
             # default-tf: the classic stack's tftorus on its tf engine, beside Horovod
             engine = "tf" if variant == "default-tf" else STACK_ENGINES[case.stack]
             out.append(predict_default(cluster, tensors, ready, backward_end, engine, update_s,
-                                       links, variant))
+                                       links, variant, clocked_span_s))
     return out
 
 
@@ -534,7 +551,8 @@ def report(cases: Sequence[Case], update_s: float = UPDATE_SECONDS,
     for case in cases:
         cluster = clusters[(case.hosts, case.ranks, case.link_gbit)]
         mine = planner.Links.parse(case.run_links) if run_links and case.run_links else None
-        for pred in predict(cluster, case, update_s, mine, cycle_s):
+        span = case.run_clocked_span_s if run_links else None
+        for pred in predict(cluster, case, update_s, mine, cycle_s, span):
             step, alone = case.measured_of(pred.variant)
             flag = ""
             if step:
@@ -554,11 +572,14 @@ def report(cases: Sequence[Case], update_s: float = UPDATE_SECONDS,
               f"`{cluster.links().spec()}`; "
               f"fixed costs {cluster.per_call * 1e3:.1f} ms a call, "
               f"{cluster.world.per_op * 1e3:.1f} ms a collective")
-    logged = sorted({(c.source, c.wire, c.run_links, c.run_plans) for c in cases if c.run_plans})
-    for source, wire, spec, plans in logged:
+    logged = sorted({(c.source, c.wire, c.run_links, c.run_plans, c.run_clocked_span_s)
+                     for c in cases if c.run_plans}, key=lambda x: x[:2])
+    for source, wire, spec, plans, span in logged:
         used = " (planned on)" if run_links else ""
+        clocked = "" if span is None else (f"; replan()'s clocks: gradients {span * 1e3:.1f} ms "
+                                           f"apart{used}")
         print(f"- {source} {wire}: the run's links{used} `{spec}`; its plans: "
-              + "; ".join(plans))
+              + "; ".join(plans) + clocked)
     if worst is not None:
         error, case, variant = worst
         print(f"\n**Worst step error: {error:+.1%}** ({case.cluster} {case.wire} {case.stack}, "
@@ -588,7 +609,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "of the simulated probe's: the plan that run made, on simulated costs")
     p.add_argument("--run-links", action="store_true",
                    help="tftorus plans on the links each CSV's run logged (its rank logs beside "
-                        "the CSV) instead of the simulated probe's")
+                        "the CSV) instead of the simulated probe's, and replans on the span "
+                        "its step's clocks logged")
     p.add_argument("--horovod-cycle-ms", type=float, default=HOROVOD_CYCLE_SECONDS * 1e3,
                    help="HOROVOD_CYCLE_TIME of the runs (default Horovod's, %(default)g)")
     p.add_argument("--update-s", type=float, default=UPDATE_SECONDS,

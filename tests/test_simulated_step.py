@@ -103,12 +103,16 @@ class StepsCsvTest(unittest.TestCase):
                 f.write("[0]   tftorus: link probe 1.12 s; links measured: ... (TFTORUS_LINKS="
                         "'intra=3490us@1.432GB/s,inter=2474us@0.03207GB/s,lanes=1.012' gives "
                         f"them without the probe)\n[0]   tftorus: {plan}; predicted 1.56e+03 "
-                        "ms per all-reduce; links measured: ...\n")
+                        "ms per all-reduce; links measured: ...\n[0]   tftorus: the step's "
+                        "gradients come 103.3 ms apart, first to last (214 tensors); planning "
+                        "their all-reduce for the step\n")
             fp16, fp32 = ss.read_steps_csv(path)
         self.assertEqual(fp16.run_links, "intra=3490us@1.432GB/s,inter=2474us@0.03207GB/s,"
                                          "lanes=1.012")
         self.assertEqual(fp16.run_plans, (plan,))
-        self.assertEqual((fp32.run_links, fp32.run_plans), (None, ()))  # its wire's log is absent
+        self.assertAlmostEqual(fp16.run_clocked_span_s, 0.1033)
+        self.assertEqual((fp32.run_links, fp32.run_plans, fp32.run_clocked_span_s),
+                         (None, (), None))  # its wire's log is absent
 
     def test_current_file_mwms_joins_the_fp32_case(self):
         with tempfile.TemporaryDirectory() as d:
