@@ -146,8 +146,8 @@ class Case:
 
 #: The steps docs/emulated_cluster.md quotes ("Compute off the CPU", 2026-11-27, after the
 #: planner's tail cut; 2 repeats, medians, the all-reduce alone from the runs' CSVs): 2 x 2 at
-#: r = 2 (FP16, FP32; tftorus on both engines), 1 and 0.2 (FP16), and 2 x 4 at r = 2
-#: (HOROVOD_CYCLE_TIME=5 there; the cycle moves these predictions by under 2 ms).
+#: r = 2 (FP16, FP32; tftorus on both engines), 1 and 0.2 (FP16), and 2 x 4 at r = 2 (two runs
+#: at FP16) and 1 (HOROVOD_CYCLE_TIME=5 there; the cycle moves these predictions by under 2 ms).
 MEASURED = [
     Case(2, 2, 0.25, "fp16", "classic", 1.267, (("hvd", 2.944, 2.538), ("default", 2.260, 1.815),
                                                 ("default-tf", 2.300, 1.810)), "2 x 2, r = 2"),
@@ -161,6 +161,10 @@ MEASURED = [
          "2 x 4, r = 2"),
     Case(2, 4, 0.25, "fp32", "classic", 2.914, (("hvd", 6.904, 5.666), ("default", 4.987, 3.713)),
          "2 x 4, r = 2"),
+    Case(2, 4, 0.25, "fp16", "classic", 1.617, (("hvd", 3.650, 3.144), ("default", 2.721, 1.956)),
+         "2 x 4, r = 2 (a second run)"),
+    Case(2, 4, 0.25, "fp16", "classic", 3.305, (("hvd", 4.195, 3.237), ("default", 3.563, 2.025)),
+         "2 x 4, r = 1"),
 ]
 
 
