@@ -576,7 +576,7 @@ def step_table(rows: List[Dict[str, str]], peer: str = None) -> str:
 
     lines = [f"{'variant':<14}{'step s':>8}{'compute s':>11}{'all-reduce s':>14}"
              f"{'hidden':>8}" + (f"{'bound':>7}" if beside else "")
-             + f"{'step/' + peer:>10}{'step/max(c,a)':>15}"
+             + f"{'step/' + peer:>{max(10, len(peer) + 6)}}{'step/max(c,a)':>15}"
              + (f"{'CPU s':>7}{'all-reduce CPU s':>18}" if cpu else "")]
     for variant, reps in by.items():
         if variant == "compute":
@@ -593,7 +593,7 @@ def step_table(rows: List[Dict[str, str]], peer: str = None) -> str:
             bound = [min(1.0, beside * compute[r][0] / min(compute[r][0], a))
                      for r, (s, a) in reps.items() if r in compute and min(compute[r][0], a) > 0]
             line += f"{fmt(bound):>7}"
-        line += f"{fmt(to_peer):>10}{fmt(to_max):>15}"
+        line += f"{fmt(to_peer):>{max(10, len(peer) + 6)}}{fmt(to_max):>15}"
         if cpu:
             line += f"{fmt(cpu_of(variant, 0)):>7}{fmt(cpu_of(variant, 1)):>18}"
         lines.append(line)
