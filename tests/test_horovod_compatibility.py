@@ -1,4 +1,4 @@
-"""docs/horovod_compatibility.md cannot drift: its table is parsed and held against the code.
+"""docs/guide/horovod_compatibility.md cannot drift: its table is parsed and held against the code.
 
 Classic stack (Horovod installed): each section's names are exactly the public names of that
 Horovod module (the page's rule), and tftorus' module has every one; tftorus.horovod_common
@@ -18,7 +18,7 @@ from typing import Dict, List, NamedTuple
 from tests import harness
 from tftorus import stack
 
-PAGE = f"{harness.ROOT}/docs/horovod_compatibility.md"
+PAGE = f"{harness.ROOT}/docs/guide/horovod_compatibility.md"
 SIGNATURES = f"{harness.ROOT}/tests/horovod_signatures.json"  # Horovod 0.28.1's parameters
 STATUSES = ("same", "different", "refused")
 SECTION = re.compile(r"^## `(horovod[\w.]*)` as `(tftorus[\w.]*)`\s*$")
