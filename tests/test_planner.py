@@ -54,6 +54,23 @@ class PlannerTest(unittest.TestCase):
         self.assertEqual({b.chunks for b in hvd_plan.buckets}, {1})
         self.assertLess(tf_plan.seconds, hvd_plan.seconds)
 
+    def test_consecutive_torus_buckets_pipeline_as_one_on_the_tf_engine(self):
+        class Phases:  # each torus phase as long as given, whatever its bytes
+            def phase_seconds(self, algorithm, grid, nbytes):
+                return [1.0, 2.0, 1.0] if algorithm == "torus" else [3.0]
+        grid = TorusGrid(size=4, x=2)
+        two = [("torus", 1.0, 1, 0.0), ("torus", 1.0, 1, 0.0)]
+        # RS0 0-1, RS1 1-2 and AR0 1-3, AG0 3-4 beside AR1 3-5, AG1 5-6: the column waits for
+        # no row phase between the buckets; one after the other they take 8
+        self.assertEqual(planner.timeline(Phases(), grid, two, concurrent=True), 6.0)
+        self.assertEqual(planner.timeline(Phases(), grid, two, concurrent=False), 8.0)
+        # a ring bucket between them ends the pipeline: it holds both queues
+        ring_between = [two[0], ("ring", 1.0, 1, 0.0), two[1]]
+        self.assertEqual(planner.timeline(Phases(), grid, ring_between, concurrent=True), 11.0)
+        # a bucket ready late starts the pipeline's row phase no earlier than it is ready
+        late = [two[0], ("torus", 1.0, 1, 10.0)]
+        self.assertEqual(planner.timeline(Phases(), grid, late, concurrent=True), 14.0)
+
     def test_more_buckets_where_the_backward_pass_hides_them(self):
         tensors = resnet_like()
         slow = links(1e-6, 1.0)

@@ -44,7 +44,7 @@ an engine with a native NCCL reduce-scatter) the column stays the engine's all-r
 are picked there by default, and a count the caller forces is taken as given, at FP32 rounding.
 tests/workers/pipeline_and_wire.py checks both.
 """
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -64,28 +64,53 @@ MAX_CHUNKS = 16
 def torus_allreduce(comm: Communicator, grid: TorusGrid, flat: tf.Tensor,
                     chunks: int = 1) -> tf.Tensor:
     """The 2D torus on a buffer whose length is a multiple of `chunks * grid.x`."""
+    return torus_pipeline(comm, grid, [(flat, chunks, None)])[0]
+
+
+def torus_pipeline(comm: Communicator, grid: TorusGrid,
+                   buffers: Sequence[Tuple[tf.Tensor, int, Optional[str]]]) -> List[tf.Tensor]:
+    """The torus on several buffers ((flat, chunks, name scope or None) each, in the order they
+    are ready), their chunks as one pipeline: the next buffer's first reduce-scatter goes to the
+    row while this one's last chunks are in the column, so on an engine that runs different
+    groups' collectives at once the column does not wait for a row phase between buffers (one
+    fill and one drain for them all, not one each). Each chunk is summed by the same ranks in
+    the same order as alone, so no bit changes."""
     row, col = grid.row_group(comm.rank), grid.col_group(comm.rank)
-    if ordered_column(grid, comm, flat.dtype):
-        column_sum = comm.sum_in_rank_order
-    else:
-        column_sum = comm.all_reduce
-    if chunks == 1:
-        shard = comm.reduce_scatter(flat, row)  # step 1: horizontal
-        shard = column_sum(shard, col)  # step 2: vertical, on 1/X of the buffer
-        return comm.all_gather(shard, row, equal_sizes=True)  # step 3: horizontal
-    parts = tf.split(flat, chunks)
-    scattered, reduced, gathered = [None] * chunks, [None] * chunks, [None] * chunks
+    parts = []  # (buffer, chunk): every chunk of every buffer, in issue order
+    for b, (flat, chunks, _) in enumerate(buffers):
+        parts += [(b, piece) for piece in (tf.split(flat, chunks) if chunks > 1 else [flat])]
+
+    def phase(i, run):
+        scope = buffers[parts[i][0]][2]
+        if scope is None:
+            return run()
+        with tf.name_scope(scope):
+            return run()
+
+    def column_sum(i, shard):
+        ordered = ordered_column(grid, comm, shard.dtype)
+        return (comm.sum_in_rank_order if ordered else comm.all_reduce)(shard, col)
+
+    n = len(parts)
+    scattered, reduced, gathered = [None] * n, [None] * n, [None] * n
     # Issued in pipeline order, which is the order engines with per-group ordering run a
-    # group's collectives in: the row runs RS(k), AG(k-2), RS(k+1), ... while the column
-    # runs AR(k-1), AR(k), ...
-    for step in range(chunks + 2):
-        if step < chunks:
-            scattered[step] = comm.reduce_scatter(parts[step], row)
-        if 0 <= step - 1 < chunks:
-            reduced[step - 1] = column_sum(scattered[step - 1], col)
-        if 0 <= step - 2 < chunks:
-            gathered[step - 2] = comm.all_gather(reduced[step - 2], row, equal_sizes=True)
-    return tf.concat(gathered, axis=0)
+    # group's collectives in: the row runs RS(i), AG(i-2), RS(i+1), ... while the column runs
+    # AR(i-1), AR(i), ... (one chunk: RS, AR, AG, one after the other)
+    for step in range(n + 2):
+        i = step
+        if i < n:
+            scattered[i] = phase(i, lambda: comm.reduce_scatter(parts[i][1], row))  # horizontal
+        i = step - 1
+        if 0 <= i < n:
+            reduced[i] = phase(i, lambda: column_sum(i, scattered[i]))  # vertical, 1/X of it
+        i = step - 2
+        if 0 <= i < n:
+            gathered[i] = phase(i, lambda: comm.all_gather(reduced[i], row, equal_sizes=True))
+    out = []
+    for b in range(len(buffers)):
+        mine = [g for (owner, _), g in zip(parts, gathered) if owner == b]
+        out.append(mine[0] if len(mine) == 1 else tf.concat(mine, axis=0))
+    return out
 
 
 def ring_allreduce(comm: Communicator, grid: TorusGrid, flat: tf.Tensor,

@@ -305,26 +305,36 @@ def timeline(costs, grid: TorusGrid, buckets: Sequence[Tuple[str, float, int, fl
     Horovod's engine (not concurrent) runs one collective at a time, in order. The tf engine
     orders collectives per group (a token each) and runs different groups' at once: a torus
     chunk's row reduce-scatter, column all-reduce and row all-gather go to two queues (the row's
-    and the column's), so the column of one chunk runs beside the row phases of the next, in
-    this bucket or the next one (the issue order of algorithms.torus_allreduce: RS(i), AR(i-1),
-    AG(i-2)). A ring or hierarchical bucket holds both queues while it runs (it shares the
-    links)."""
+    and the column's), and consecutive torus buckets' chunks form one pipeline (the issue order
+    of algorithms.torus_pipeline: RS(i), AR(i-1), AG(i-2) over every chunk of them), so the
+    column of one chunk runs beside the row phases of the next, in this bucket or the next one.
+    A ring or hierarchical bucket holds both queues while it runs (it shares the links)."""
     row = col = 0.0  # when each queue is free
+    stream = []  # (rs, ar, ag, ready) of each torus chunk waiting to go as one pipeline
+
+    def pipeline(row, col):
+        n = len(stream)
+        rs_end, ar_end = [0.0] * n, [0.0] * n
+        for step in range(n + 2):
+            if step < n:
+                rs, _, _, ready = stream[step]
+                row = rs_end[step] = max(row, ready) + rs
+            if 0 <= step - 1 < n:
+                col = ar_end[step - 1] = max(col, rs_end[step - 1]) + stream[step - 1][1]
+            if 0 <= step - 2 < n:
+                row = max(row, ar_end[step - 2]) + stream[step - 2][2]
+        stream.clear()
+        return row, col
+
     for algorithm, nbytes, chunks, ready in buckets:
         phases = costs.phase_seconds(algorithm, grid, nbytes / chunks)
-        if not concurrent or algorithm != "torus" or len(phases) != 3:
-            start = max(row, col, ready)
-            row = col = start + chunks * sum(phases)
+        if concurrent and algorithm == "torus" and len(phases) == 3:
+            stream.extend([(*phases, ready)] * chunks)
             continue
-        rs, ar, ag = phases
-        rs_end, ar_end = [0.0] * chunks, [0.0] * chunks
-        for step in range(chunks + 2):
-            if step < chunks:
-                row = rs_end[step] = max(row, ready) + rs
-            if 0 <= step - 1 < chunks:
-                col = ar_end[step - 1] = max(col, rs_end[step - 1]) + ar
-            if 0 <= step - 2 < chunks:
-                row = max(row, ar_end[step - 2]) + ag
+        row, col = pipeline(row, col)
+        start = max(row, col, ready)
+        row = col = start + chunks * sum(phases)
+    row, col = pipeline(row, col)
     return max(row, col)
 
 

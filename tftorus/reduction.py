@@ -197,15 +197,47 @@ def _reduce_checked(options, tensors, op, compression, prescale_factor, postscal
         checks = [c for c in [_consistency_check(comm, buckets, signature)] if c is not None]
     out: List[Optional[tf.Tensor]] = [None] * len(tensors)
     with tf.control_dependencies(checks):
-        for k, (name, bucket) in enumerate(zip(chosen, buckets)):  # in ready order
-            grid = torus_grid
-            if name == "hierarchical" and options.algorithm != "hierarchical":  # planned
-                grid = context.grid_for("hierarchical", engine=options.engine)
-            with tf.name_scope(f"bucket{k}"):  # names a bucket's ops in traces and timelines
-                pieces = _reduce_bucket(comm, grid, name, wire, bucket, chunks[k])
+        grids = [context.grid_for("hierarchical", engine=options.engine)
+                 if name == "hierarchical" and options.algorithm != "hierarchical"  # planned
+                 else torus_grid for name in chosen]
+        summed = _reduce_buckets(comm, grids, chosen, wire, buckets, chunks)
+        for bucket, pieces in zip(buckets, summed):
             for i, piece in zip(bucket.indices, pieces):
                 out[i] = _finish(compression.decompress(piece, ctxs[i]), postscale_factor,
                                  comm.size if op == "average" else 1)
+    return out
+
+
+def _reduce_buckets(comm: Communicator, grids, chosen, wire, buckets, chunks
+                    ) -> List[List[tf.Tensor]]:
+    """Every bucket's summed tensors, the buckets in ready order. Where the engine runs
+    different groups' collectives at once, consecutive torus buckets go as one pipeline
+    (algorithms.torus_pipeline: the column does not wait for a row phase between buckets);
+    elsewhere one bucket after the other."""
+    out: List[Optional[List[tf.Tensor]]] = [None] * len(buckets)
+    run = []  # (bucket number, packed buffer, chunks): torus buckets waiting to go as one
+
+    def flush():
+        if run:
+            results = algorithms.torus_pipeline(
+                comm, grids[run[0][0]], [(packed, k, f"bucket{b}") for b, packed, k in run])
+            for (b, _, _), result in zip(run, results):
+                out[b] = fusion.unpack(result, buckets[b])
+            run.clear()
+
+    for b, (name, bucket) in enumerate(zip(chosen, buckets)):
+        if (comm.concurrent_groups and name == "torus" and bucket.length > 0
+                and algorithms.packs(name, comm, bucket.dtype)):
+            k = algorithms.pipeline_chunks(name, grids[b], comm, bucket.nbytes, chunks[b],
+                                           bucket.dtype)
+            with tf.name_scope(f"bucket{b}"):
+                packed = fusion.pack(wire, bucket, algorithms.alignment(name, grids[b], k))
+            run.append((b, packed, k))
+            continue
+        flush()
+        with tf.name_scope(f"bucket{b}"):  # names a bucket's ops in traces and timelines
+            out[b] = _reduce_bucket(comm, grids[b], name, wire, bucket, chunks[b])
+    flush()
     return out
 
 

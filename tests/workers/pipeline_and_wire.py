@@ -28,32 +28,36 @@ def two_phase_grids(grids, size):
 
 def check_chunks(label, inputs, grid, failures, compression=tftorus.Compression.none,
                  in_function=False) -> int:
-    """Chunked (2 and 3 chunks) against unchunked: bit for bit where the sums' order is fixed
-    (see above), else within FP32 rounding. Returns the number of checks."""
+    """Chunked (2 and 3 chunks; 2 chunks of 64-byte buckets, which go as one pipeline on the
+    tf engine: algorithms.torus_pipeline) against unchunked: bit for bit where the sums' order
+    is fixed (see above), else within FP32 rounding. Returns the number of checks."""
     comm = context.communicator()
     torus_grid = tftorus.resolve_grid(grid, comm.size)
     fixed_order = (compression is not tftorus.Compression.none or torus_grid.y <= 2
                    or algorithms.ordered_column(torus_grid, comm, tf.float32))
-    def run(chunks):
+    def run(chunks, threshold=None):
         def reduce(ts):
             return tftorus.fused_allreduce(ts, "sum", algorithm="torus", grid=grid,
-                                           compression=compression, pipeline_chunks=chunks)
+                                           compression=compression, pipeline_chunks=chunks,
+                                           fusion_threshold_bytes=threshold)
         out = tf.function(reduce)(inputs) if in_function else reduce(inputs)
         return [t.numpy() for t in out]
 
     base, checks = run(1), 0
-    for chunks in (2, 3):
-        for i, (want, got) in enumerate(zip(base, run(chunks))):
+    for chunks, threshold in ((2, None), (3, None), (2, 64)):
+        for i, (want, got) in enumerate(zip(base, run(chunks, threshold))):
             checks += 1
             if got.shape != want.shape:
-                failures.append(f"{label} grid {grid} {chunks} chunks tensor #{i}: shape "
+                failures.append(f"{label} grid {grid} {chunks} chunks ({threshold} B buckets) "
+                                f"tensor #{i}: shape "
                                 f"{got.shape} != {want.shape}")
                 continue
             diff = np.abs(got.astype(np.float64) - want.astype(np.float64))
             # FP32 rounding of sums of a few unit-normal values: relative to the largest
             bound = 0.0 if fixed_order else 1e-6 * float(np.abs(want).max(initial=1.0))
             if (got.tobytes() != want.tobytes()) if fixed_order else np.any(diff > bound):
-                failures.append(f"{label} grid {grid} {chunks} chunks tensor #{i}: differs from "
+                failures.append(f"{label} grid {grid} {chunks} chunks ({threshold} B buckets) "
+                                f"tensor #{i}: differs from "
                                 f"no chunks by up to {diff.max():.3g} "
                                 f"({'bit for bit expected' if fixed_order else 'FP32 rounding'})")
     return checks
