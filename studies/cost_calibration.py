@@ -1,7 +1,7 @@
 """What the cost model (tftorus/cost_model.py) is calibrated with and checked against.
 
-Only the studies use this (studies/scale_model.py; docs/scale.md), so it lives here rather than
-in the library, which needs only the model itself:
+Only the studies use this (studies/scale_model.py; docs/studies/scale.md), so it lives here
+rather than in the library, which needs only the model itself:
 
   fitting   `Measurement`s of phases or whole algorithms, and `fit`: a least-squares fit of the
             model's parameters to measured times (the emulated cluster's, one host's)

@@ -232,7 +232,7 @@ def threads_env(args, ranks: int) -> dict:
 
 
 #: Horovod's knobs a caller may set for every rank (HOROVOD_TIMELINE: rank 0 writes Horovod's
-#: timeline of every collective there, a Chrome trace; docs/emulated_cluster.md)
+#: timeline of every collective there, a Chrome trace; docs/studies/emulated_cluster.md)
 HOROVOD_PASSED = ("HOROVOD_TIMELINE", "HOROVOD_TIMELINE_MARK_CYCLES", "HOROVOD_CYCLE_TIME",
                   "HOROVOD_FUSION_THRESHOLD")
 TF_PORT = 23456  # the TF_CONFIG launch's base port: rank l of a host listens on TF_PORT + l

@@ -100,7 +100,7 @@ def _float16_product_of_four_ranks():
 #: line run with TensorFlow and Keras alone, the smallest world size where it fails). On the
 #: current stack (TensorFlow 2.21, Keras 3) `invalid_here()` runs each line and keeps the tests
 #: whose line does fail there; tests/test_horovod_compatibility.py checks the lines;
-#: docs/horovod_compatibility.md lists them.
+#: docs/guide/horovod_compatibility.md lists them.
 INVALID_ON_KERAS_3 = {
     "test_horovod_syncbn_cpu": (
         "builds its reference as tf.keras.layers.BatchNormalization(axis=1, fused=False); Keras "

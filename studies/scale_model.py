@@ -8,13 +8,13 @@ and the step model: studies/cost_calibration.py).
 
     python -m studies.scale_model --csv /tmp/tftorus_emulated/allreduce.csv
         also fits the link parameters to the emulated cluster's CSV (studies/
-        emulated_cluster.py writes it; docs/emulated_cluster.md) and prints predicted against
-        measured for every point, flagging those more than 20 % off.
+        emulated_cluster.py writes it; docs/studies/emulated_cluster.md) and prints predicted
+        against measured for every point, flagging those more than 20 % off.
 
     --single-host  reads a studies/benchmark_allreduce.py CSV (one machine, no hosts/bytes
         columns): every rank on one host, bytes from the workload name.
 
-Tables are printed as Markdown so docs/scale.md can quote them as they are.
+Tables are printed as Markdown so docs/studies/scale.md can quote them as they are.
 """
 import argparse
 import csv
@@ -270,9 +270,10 @@ PHASES = {
 }
 #: Left out of the fit (still predicted and shown): short key -> why.
 NOT_FITTED = {
-    "native": "hvd.reducescatter on Gloo is 3-4.6x slower than its bytes (docs/benchmarks.md)",
+    "native": "hvd.reducescatter on Gloo is 3-4.6x slower than its bytes "
+              "(docs/studies/benchmarks.md)",
     "tiny": "a 48-byte collective costs less than the fixed cost of a MiB-sized one, which one "
-            "per_op cannot describe (docs/scale.md)",
+            "per_op cannot describe (docs/studies/scale.md)",
     "fp16": "FP16 sums on CPU are ~3x slower per byte than FP32: another gamma",
     "empty": "nothing the model counts (packing one flat tensor copies nothing)",
 }
@@ -300,7 +301,7 @@ def workload_bytes(workload: str) -> int:
 
 def read_rows(path: str, single_host: bool) -> List[dict]:
     how = ("run `sudo .venv/bin/python -m studies.emulated_cluster` first "
-           "(docs/emulated_cluster.md), or give a studies/benchmark_allreduce.py CSV with "
+           "(docs/studies/emulated_cluster.md), or give a studies/benchmark_allreduce.py CSV with "
            "--single-host")
     if not os.path.exists(path):
         raise CsvError(f"no CSV at {path}: {how}")

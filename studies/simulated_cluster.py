@@ -1,15 +1,15 @@
 """The all-reduce on a simulated cluster: ABCI's network in SimGrid, checked against the emulated
-hosts and the paper's Table 6 (issue 40; docs/scale.md, "Simulated cluster").
+hosts and the paper's Table 6 (issue 40; docs/studies/scale.md, "Simulated cluster").
 
     python -m studies.simulated_cluster                        # everything, ~2 min; the plot
     python -m studies.simulated_cluster --only calibration     # the emulated clusters, ~7 s
     python -m studies.simulated_cluster --only calibration --csv /tmp/tftorus_rails/*/allreduce.csv
         against fresh studies.emulated_cluster CSVs instead of the medians quoted in
-        docs/scale.md
+        docs/studies/scale.md
     python -m studies.simulated_cluster --only abci            # ABCI at the paper's scale
 
 Exits 77 (skipped), saying why, where SimGrid is missing. Tables print as Markdown, as
-docs/scale.md quotes them.
+docs/studies/scale.md quotes them.
 
 A study: the product (tftorus/) never imports this module or SimGrid. SimGrid 3.32's Python
 bindings come from Debian's python3-simgrid (run_scripts/setup.sh installs it where apt works);
@@ -32,7 +32,7 @@ Platforms (one SimGrid engine per process, so every cluster lives in one platfor
               first, 2-3 on the second; 4.8 us each end, so 9.6 us node to node); a rack is
               non-blocking inside (full bisection) and has 24 EDR links to the spine (300 GB/s
               each way for 68 HCA ports: the 1/3 oversubscription); the spine (two directors)
-              is non-blocking. Sources: docs/scale.md.
+              is non-blocking. Sources: docs/studies/scale.md.
   emulated    the hosts of studies.emulated_cluster: H hosts x R ranks, each host with 1 link or
               a link per rank at 0.25 Gbit/s to a bridge, its ranks joined by loopback; all of
               it on one machine, so every host's loopback traffic shares one memory-copy link.
@@ -157,14 +157,15 @@ class ClusterSpec:
 
 
 def abci(name: str = "abci", racks: int = 32, uplinks_per_rack: int = 24) -> ClusterSpec:
-    """ABCI as docs/scale.md sources it: 1,088 nodes of 4 V100 (NVLink2) and 2 EDR HCAs; racks of
-    34 nodes, full bisection inside; 24 EDR links per rack to the spine (1/3 oversubscription)."""
+    """ABCI as docs/studies/scale.md sources it: 1,088 nodes of 4 V100 (NVLink2) and 2 EDR HCAs;
+    racks of 34 nodes, full bisection inside; 24 EDR links per rack to the spine (1/3
+    oversubscription)."""
     return ClusterSpec(name, NodeSpec(), racks=racks, nodes_per_rack=34,
                        uplink_bw=uplinks_per_rack * 12.5 * GB)
 
 
 
-#: The emulated cluster's host links: `tbf` at 0.25 Gbit/s (docs/emulated_cluster.md).
+#: The emulated cluster's host links: `tbf` at 0.25 Gbit/s (docs/studies/emulated_cluster.md).
 EMULATED_LINK_BW = 0.25e9 / 8
 
 
@@ -557,8 +558,8 @@ def resnet50_buckets(bytes_per_element: int = 2,
 # Calibration: the emulated clusters
 # ==================================================================================================
 
-#: Medians (ms) measured on the emulated clusters (docs/scale.md, "Calibration"; 2026-11-26, main
-#: job at 504.5 images/s), 5 repeats, made by
+#: Medians (ms) measured on the emulated clusters (docs/studies/scale.md, "Calibration";
+#: 2026-11-26, main job at 504.5 images/s), 5 repeats, made by
 #:   sudo .venv/bin/python -m studies.emulated_cluster --sweep 2x2 2x4 4x2 --links-per-host 1 \
 #:       rank --engines horovod --variants hvd torus ring hierarchical --sizes 16M \
 #:       --resnet fp32 --repeats 5 --fusion-threshold-mb 128 --out /tmp/tftorus_rails
@@ -645,7 +646,7 @@ def torus_grids(size: int) -> Dict[str, TorusGrid]:
 TCP_PAYLOAD_FRACTION = 1448 / 1514
 
 #: The emulated hosts' row phases timed alone (Horovod engine, every host at work; medians,
-#: ms), as docs/emulated_cluster.md quotes them, the 2 x 2 from
+#: ms), as docs/studies/emulated_cluster.md quotes them, the 2 x 2 from
 #:   sudo .venv/bin/python -m studies.emulated_cluster --hosts 2 --ranks-per-host 2 \
 #:       --link-gbit 0.25 --engines horovod tf --sizes 16M 64M --resnet fp32 --repeats 3 ...
 #:   ("2 hosts x 2 ranks ... with 4 chunks", 2026-11-24; its Horovod phases)
@@ -1062,8 +1063,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--csv", nargs="+", default=None,
                    help="studies.emulated_cluster CSVs to calibrate against, e.g. a sweep's "
-                        "/tmp/tftorus_rails/*/allreduce.csv (default: the medians docs/scale.md "
-                        "quotes, MEASURED_RAILS)")
+                        "/tmp/tftorus_rails/*/allreduce.csv (default: the medians "
+                        "docs/studies/scale.md quotes, MEASURED_RAILS)")
     p.add_argument("--only", choices=("calibration", "abci"), default=None,
                    help="run one part only")
     p.add_argument("--png", default=DEFAULT_PNG, help="efficiency plot (default: %(default)s)")
@@ -1077,7 +1078,7 @@ def main(argv: Sequence[str] = None) -> int:
         print(f"skipped: {SIMGRID_MISSING}", file=sys.stderr)
         return 77
     measured, source = MEASURED_RAILS, (
-        "medians quoted in docs/scale.md (2026-11-26; MEASURED_RAILS)")
+        "medians quoted in docs/studies/scale.md (2026-11-26; MEASURED_RAILS)")
     if args.csv:
         measured, source = {}, " ".join(args.csv)
         for path in args.csv:

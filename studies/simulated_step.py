@@ -144,7 +144,7 @@ class Case:
         return None, None
 
 
-#: The steps docs/emulated_cluster.md quotes ("Compute off the CPU", 2026-11-27, after the
+#: The steps docs/studies/emulated_step.md quotes ("Compute off the CPU", 2026-11-27, after the
 #: planner's tail cut; 2 repeats, medians, the all-reduce alone from the runs' CSVs): 2 x 2 at
 #: r = 2 (FP16, FP32; tftorus on both engines), 1 and 0.2 (FP16), and 2 x 4 at r = 2 (two runs
 #: at FP16) and 1 (HOROVOD_CYCLE_TIME=5 there; the cycle moves these predictions by under 2 ms).
@@ -595,7 +595,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--csv", nargs="+", default=None,
                    help="studies.emulated_step CSVs (--model virtual rows); default: the steps "
-                        "docs/emulated_cluster.md quotes (MEASURED)")
+                        "docs/studies/emulated_step.md quotes (MEASURED)")
     p.add_argument("--stack", choices=STACKS, default=None,
                    help="the stack the CSVs ran on (default: current where a file has MWMS "
                         "rows, else classic)")

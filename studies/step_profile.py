@@ -25,7 +25,7 @@ The step's compute (48.2 ms per V100 at 32 images: studies.cost_calibration.Step
 Table 6) is split into forward and backward by `backward_share` (default 2/3: backward = 2 x
 forward FLOPs; the FLOP model itself gives 0.663, the first layer skipping its input gradient).
 
-Against the measurement (studies/gradient_readiness.py, docs/emulated_cluster.md, one process
+Against the measurement (studies/gradient_readiness.py, docs/studies/emulated_step.md, one process
 on this machine's CPU, 32 x 32 images and 10 classes, one intra-op thread; fractions of the
 backward pass, (bucket ready - forward end) / (backward end - forward end)), `main` prints:
 
@@ -176,7 +176,7 @@ def first_bucket_fraction(threshold_bytes: int, image_size: int = 224, classes: 
     return min(max(fractions[i] for i in b) for b in buckets), len(buckets)
 
 
-#: studies/gradient_readiness.py's clocks (docs/emulated_cluster.md, 2026-11-27), fractions of
+#: studies/gradient_readiness.py's clocks (docs/studies/emulated_step.md, 2026-11-27), fractions of
 #: the step: (images, bucket MiB) -> (forward ends, first bucket ready, backward ends).
 MEASURED = {(4, 16): (0.34, 0.56, 0.95), (32, 16): (0.38, 0.53, 0.99), (32, 4): (0.37, 0.43, 0.99)}
 

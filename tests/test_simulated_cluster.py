@@ -105,7 +105,7 @@ class ContentionTest(unittest.TestCase):
 class EmulatedFloorTest(unittest.TestCase):
     def test_torus_column_on_one_link_is_the_byte_limit(self):
         # 2 hosts x 2 ranks, 1 link of 0.25 Gbit/s: the torus' column all-reduce crosses each
-        # host's link with 2(Y-1)/Y of the buffer (docs/emulated_cluster.md's floor: 537 ms
+        # host's link with 2(Y-1)/Y of the buffer (docs/studies/emulated_cluster.md's floor: 537 ms
         # for 16 MiB); its row phases ride free loopback here.
         sim = sc.Simulator(platform())
         nbytes = 16 * 2 ** 20
