@@ -14,7 +14,7 @@ The launcher is the stack's: `horovodrun -np W ...` where Horovod is installed (
 stack; options after `--` are horovodrun's: hosts, --gloo or --mpi, ...), else tftorus' local
 launcher `python -m tftorus.run -np W ...` on this machine (the current stack; options after
 `--` are its --port and --grace). Without Horovod a host list is refused: on a cluster the
-scheduler starts each phase's processes (TF_CONFIG, srun, mpirun: docs/launching.md).
+scheduler starts each phase's processes (TF_CONFIG, srun, mpirun: docs/guide/launching.md).
 """
 import os
 import shutil
@@ -98,7 +98,7 @@ def local_options(options: List[str]) -> List[str]:
             f"{hosts[0]}: this stack has no Horovod, so each phase runs on this machine under "
             f"`python -m tftorus.run -np W`, which takes no host list; across hosts, launch "
             f"run_scripts/train.py per phase with TF_CONFIG, srun or mpirun "
-            f"(docs/launching.md), or use the classic stack's horovodrun")
+            f"(docs/guide/launching.md), or use the classic stack's horovodrun")
     out, i = [], 0
     while i < len(options):
         name, eq, value = options[i].partition("=")

@@ -5,9 +5,9 @@ Two tests: every case against a model directory holding only a file of the user'
 stay the only file when the input is refused before training), and a handful against a copy of
 a real earlier run (config.json, checkpoints, history, TensorBoard: every byte must stay).
 
-The table in docs/reliability.md ("Bad input") lists these cases with tests/test_bad_input.py
-(tensors and options handed to the optimizer), tests/test_train_script.py (data, grid,
-divergence, world size) and tests/test_resume.py (a changed configuration).
+The table in docs/guide/reliability.md ("Bad input") lists these cases with
+tests/test_bad_input.py (tensors and options handed to the optimizer), tests/test_train_script.py
+(data, grid, divergence, world size) and tests/test_resume.py (a changed configuration).
 """
 import hashlib
 import os

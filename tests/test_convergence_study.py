@@ -1,4 +1,5 @@
-"""The convergence study's arms resolve to what docs/convergence.md says, and its report works.
+"""The convergence study's arms resolve to what docs/studies/convergence.md says, and its report
+works.
 
 The study itself (studies/convergence_study.py, ~27 min) is not run here.
 """

@@ -126,7 +126,7 @@ class LauncherCommandTest(tf.test.TestCase):
                         ["--gloo", "--hosts", "localhost:4"]):
             with self.assertRaisesRegex(ValueError, r"^(-H|--hostfile|--hosts): this stack has "
                                         r"no Horovod.*python -m tftorus.run -np W.*no host list.*"
-                                        r"TF_CONFIG, srun or mpirun \(docs/launching.md\)"):
+                                        r"TF_CONFIG, srun or mpirun \(docs/guide/launching.md\)"):
                 launcher.launcher(4, options, horovod=False)
         with self.assertRaisesRegex(ValueError, r"^--gloo: .*only --port BASE and --grace"):
             launcher.launcher(4, ["--gloo"], horovod=False)
@@ -203,8 +203,8 @@ class PerPhaseWorkersTest(harness.EmbeddedDataCase, tf.test.TestCase):
                                       "on this machine under `python -m tftorus.run -np W`, "
                                       "which takes no host list; across hosts, launch "
                                       "run_scripts/train.py per phase with TF_CONFIG, srun or "
-                                      "mpirun (docs/launching.md), or use the classic stack's "
-                                      "horovodrun"], result.output)
+                                      "mpirun (docs/guide/launching.md), or use the classic "
+                                      "stack's horovodrun"], result.output)
             self.assertNotIn("workers:\n", result.output)
 
 
