@@ -3,7 +3,7 @@
 `define_flags()` defines every flag (all optional, so tests import this without parsing argv).
 `resolve(flag_values)` applies the experiment's row of Table 3, then the explicit overrides,
 checks the result, and returns a `TrainConfig`, written next to the checkpoints as config.json.
-`resolve_run(flag_values)` goes on to the run specification (official_resnet.run_spec.RunSpec:
+`resolve_run(flag_values)` goes on to the run specification (official_resnet.plan.run_spec.RunSpec:
 the experiment's phases, batches and workers), which every entry point reads.
 """
 import dataclasses
@@ -12,13 +12,13 @@ from typing import Optional
 
 from absl import flags
 
-from official_resnet.experiments import PAPER_EPOCHS, get_experiment
-from official_resnet.batch_plan import GPUS_PER_PHASE_HELP
-from official_resnet.embedded_data import DEFAULT_DATA_DIR
-from official_resnet.run_spec import RunSpec
+from official_resnet.data.embedded_data import DEFAULT_DATA_DIR
+from official_resnet.plan.batch_plan import GPUS_PER_PHASE_HELP
+from official_resnet.plan.experiments import PAPER_EPOCHS, get_experiment
+from official_resnet.plan.run_spec import RunSpec
 
 # A field that a run resumed from its checkpoints may change: where and how it communicates and
-# how long it may take, not what it computes (official_resnet.checkpointing.check_config).
+# how long it may take, not what it computes (official_resnet.run.checkpointing.check_config).
 MAY_DIFFER = {"may_differ_on_resume": True}
 
 
@@ -36,14 +36,15 @@ class TrainConfig:
     batch_divisor: int  # every total batch of the table is divided by this
     max_micro_batch: Optional[int]  # per-worker cap; above it, gradients accumulate
     batch_schedule: Optional[str]  # 'TOTAL@START,...' replacing the experiment's batches
-    # 'fixed', 'paper' or 'W1,W2,...' (official_resnet/batch_plan.py)
+    # 'fixed', 'paper' or 'W1,W2,...' (official_resnet/plan/batch_plan.py)
     gpus_per_phase: str = _may_differ()
     # --- data ---
     data_dir: str = _may_differ()
     image_size: int
     label_offset: int
     num_classes: int  # 0: from the data set's manifest, else 1000 (ImageNet)
-    augment: str  # 'all', 'none' or a comma list (official_resnet.input_pipeline.AugmentConfig)
+    # 'all', 'none' or a comma list (official_resnet.data.input_pipeline.AugmentConfig)
+    augment: str
     min_crop_area: float  # random-resized-crop keeps at least this fraction of the image
     # --- model ---
     depth: int
@@ -78,7 +79,7 @@ class TrainConfig:
     seed: int
     # stop early (tests, smoke runs); None: the whole schedule
     max_steps: Optional[int] = _may_differ()
-    # 'auto', 'never' or a checkpoint directory (official_resnet/checkpointing.py)
+    # 'auto', 'never' or a checkpoint directory (official_resnet/run/checkpointing.py)
     resume: str = _may_differ()
     stop_at_epoch: Optional[float] = _may_differ()  # finish this epoch, checkpoint, exit 0
     # newest checkpoints kept (phase-boundary ones are always kept)

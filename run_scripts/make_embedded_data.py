@@ -1,4 +1,4 @@
-"""Write the offline ImageNet stand-in (official_resnet/embedded_data.py) in ImageNet's layout.
+"""Write the offline ImageNet stand-in (official_resnet/data/embedded_data.py) in ImageNet's layout.
 
     python run_scripts/make_embedded_data.py                     # data/embedded, default spec
     python run_scripts/make_embedded_data.py --out_dir /tmp/e --num_train 2000 --num_validation 500
@@ -22,7 +22,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from official_resnet import embedded_data  # noqa: E402
+from official_resnet.data import embedded_data  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -51,7 +51,7 @@ def measure(data_dir, num_classes, image_size, epochs, batch_sizes, lr, seed=0):
     """Validation accuracy of a tiny CNN after `epochs` epochs, per batch size (same settings)."""
     import tensorflow as tf
 
-    from official_resnet import input_pipeline
+    from official_resnet.data import input_pipeline
 
     results = {}
     for batch in batch_sizes:

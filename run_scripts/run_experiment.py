@@ -153,7 +153,7 @@ def main(argv: List[str]) -> int:
                              f"launcher: use {direct} directly, or give --num_workers=W; "
                              "for Table 3's counts, pass --gpus_per_phase=paper")
         workers = spec.workers(absl_flags.FLAGS.num_workers)
-        from official_resnet import checkpointing  # here: it starts TensorFlow
+        from official_resnet.run import checkpointing  # here: it starts TensorFlow
         found = checkpointing.find_resume(config.resume, config.model_dir)
         start = checkpointing.phase_to_run(found[1] if found else None)  # where the run stands
         groups = launches(workers)

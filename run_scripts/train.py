@@ -8,7 +8,7 @@
 `--exp` picks a row of the paper's Table 3 (batch-size control per epoch range, LR
 configuration, label smoothing); flags override any part of it. Gradients are averaged with
 tftorus' 2D-torus all-reduce; LARS updates in FP32; BN statistics are recomputed from training
-batches before each evaluation. The run itself is official_resnet/trainer.py; this is its
+batches before each evaluation. The run itself is official_resnet/run/trainer.py; this is its
 command line: flags, the plan (--plan_only), and errors as one line with an exit status.
 """
 import logging
@@ -31,8 +31,9 @@ if __name__ == "__main__":  # before TensorFlow's threads start, so they inherit
 
 import tftorus  # noqa: E402
 from flags.config import define_flags, resolve_run  # noqa: E402
-from official_resnet import input_pipeline, trainer  # noqa: E402
-from official_resnet.run_state import NonFiniteLossError  # noqa: E402
+from official_resnet.data import input_pipeline  # noqa: E402
+from official_resnet.run import trainer
+from official_resnet.run.run_state import NonFiniteLossError  # noqa: E402
 from tftorus import watchdog  # noqa: E402
 from tftorus.tf_collective_engine import CollectiveError, translate_errors  # noqa: E402
 

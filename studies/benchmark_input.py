@@ -16,7 +16,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import tensorflow as tf  # noqa: E402
 
-from official_resnet import embedded_data, input_pipeline  # noqa: E402
+from official_resnet.data import embedded_data, input_pipeline  # noqa: E402
 
 
 def images_per_second(dataset, batches: int, warmup: int, batch_size: int) -> float:

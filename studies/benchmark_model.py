@@ -23,14 +23,15 @@ than an FP32 one (about 2 minutes for batch 32 at 64 px on 2 cores). So on a CPU
 mixed_float16 models run, by default, at a smaller batch and image size (--mixed-batch-size,
 --mixed-image-size); within a policy every model still gets the same inputs.
 
-  ours           official_resnet.model.resnet (ResNet-50 unless --depth): v1.5, no conv biases,
-                 the recipe's BatchNormalization (fused in training on both Keras generations)
+  ours           official_resnet.model.network.resnet (ResNet-50 unless --depth): v1.5, no
+                 conv biases, the recipe's BatchNormalization (fused in training on both Keras
+                 generations)
   ours-v1        the same with the stride on the first 1x1 conv, Keras' (v1) layout: the
                  difference to `ours` is the cost of v1.5's extra compute, the difference to
                  `keras` that of the implementation
   ours-keras-bn  `ours` with Keras' own BatchNormalization layer: on Keras 3 the unfused one (the
-                 recipe's model before official_resnet/fused_batch_norm.py), on Keras 2 the same
-                 fused layer as `ours`
+                 recipe's model before official_resnet/model/fused_batch_norm.py), on Keras 2
+                 the same fused layer as `ours`
   keras          tf.keras.applications.ResNet50(weights=None, classifier_activation=None)
 
 --main-job times one worker's step of the main job (`bash run_scripts/demo.sh`): the model and
@@ -67,10 +68,10 @@ import tensorflow as tf  # noqa: E402
 
 tf.get_logger().setLevel("ERROR")  # one tf.function per model trips the retracing warning
 
-from official_resnet.embedded_data import EmbeddedSpec  # noqa: E402
-from official_resnet.experiments import EXPERIMENTS  # noqa: E402
-from official_resnet.keras_generation import KERAS  # noqa: E402
-from official_resnet.model import resnet  # noqa: E402
+from official_resnet.data.embedded_data import EmbeddedSpec  # noqa: E402
+from official_resnet.model.keras_generation import KERAS  # noqa: E402
+from official_resnet.model.network import resnet  # noqa: E402
+from official_resnet.plan.experiments import EXPERIMENTS  # noqa: E402
 from tftorus import stack  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -309,7 +310,7 @@ def run(args) -> Tuple[List[Variant], Dict[Key, List[float]], Dict[Key, List[flo
 # Where the time goes: op time by layer kind, from TensorFlow's profiler
 # ==================================================================================================
 
-# A layer's kind by its name (official_resnet.model and Keras' ResNet50 share the names); an
+# A layer's kind by its name (official_resnet.model.network and Keras' ResNet50 share the names); an
 # op's node name holds its layer's name scope, which Keras 3 suffixes with _1, _2, ...
 KINDS = (("conv", re.compile(r"_conv$")), ("batch norm", re.compile(r"_bn$")),
          ("relu", re.compile(r"(_relu|_out)$")), ("add", re.compile(r"_add$")),

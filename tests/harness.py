@@ -38,7 +38,7 @@ class EmbeddedDataCase:
 
     @classmethod
     def setUpClass(cls):
-        from official_resnet import embedded_data
+        from official_resnet.data import embedded_data
         super().setUpClass()
         cls.tmp = tempfile.mkdtemp(prefix=f"tftorus-{cls.__name__}-")
         cls.data = os.path.join(cls.tmp, "data")

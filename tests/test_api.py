@@ -122,7 +122,7 @@ class ApiTest(tf.test.TestCase):
             "        if name.split('.')[0] in ('scipy', 'matplotlib', 'sklearn'):\n"
             "            raise ImportError('blocked: ' + name)\n"
             "sys.meta_path.insert(0, Block())\n"
-            "import tftorus, tftorus.keras, tftorus.cost_model, official_resnet.run_plan\n"
+            "import tftorus, tftorus.keras, tftorus.cost_model, official_resnet.plan.run_plan\n"
             "print('imported')\n")
         result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                                 timeout=120)

@@ -16,7 +16,7 @@ import tempfile
 
 import tensorflow as tf
 
-from official_resnet import embedded_data
+from official_resnet.data import embedded_data
 from tests import harness
 
 TRAIN, FLAGFILE = harness.TRAIN, harness.FLAGFILE

@@ -5,9 +5,9 @@ from absl import flags as absl_flags
 from absl.testing import flagsaver
 
 from flags import config as flag_config
-from official_resnet.experiments import EXPERIMENTS, get_experiment
-from official_resnet import batch_plan
-from official_resnet.schedules import Schedule
+from official_resnet.optimizers.schedules import Schedule
+from official_resnet.plan import batch_plan
+from official_resnet.plan.experiments import EXPERIMENTS, get_experiment
 
 IMAGENET = 1281167
 

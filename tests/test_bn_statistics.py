@@ -2,8 +2,8 @@
 import numpy as np
 import tensorflow as tf
 
-from official_resnet.bn_statistics import recompute_bn_statistics
-from official_resnet.model import BN_EPSILON, resnet
+from official_resnet.model.bn_statistics import recompute_bn_statistics
+from official_resnet.model.network import BN_EPSILON, resnet
 
 layers = tf.keras.layers
 

@@ -9,14 +9,14 @@ import tempfile
 import numpy as np
 import tensorflow as tf
 
-from official_resnet import batch_plan
-from official_resnet.batch_plan import PhasePlan
-from official_resnet.callbacks import (BatchSizeControl, Evaluation, LRMomentumSchedule,
-                                       MetricAverage)
-from official_resnet.lars import LARS
-from official_resnet.recipe_model import RecipeModel
-from official_resnet.run_state import epochs_per_keras_epoch
-from official_resnet.workers import Workers
+from official_resnet.model.recipe_model import RecipeModel
+from official_resnet.optimizers.lars import LARS
+from official_resnet.plan import batch_plan
+from official_resnet.plan.batch_plan import PhasePlan
+from official_resnet.run.callbacks import (BatchSizeControl, Evaluation, LRMomentumSchedule,
+                                           MetricAverage)
+from official_resnet.run.run_state import epochs_per_keras_epoch
+from official_resnet.run.workers import Workers
 from tests import harness
 
 
@@ -120,7 +120,7 @@ def plan(index, start, end, workers, total, accumulation=1):
 
 
 class StandaloneCallbacksTest(tf.test.TestCase):
-    """The callbacks of official_resnet.callbacks in a user's plain Keras fit, no trainer."""
+    """The callbacks of official_resnet.run.callbacks in a user's plain Keras fit, no trainer."""
 
     def test_evaluation_with_bn_statistics_and_metric_average_in_a_plain_fit(self):
         tf.keras.utils.set_random_seed(5)

@@ -13,9 +13,9 @@ from absl import flags as absl_flags
 from absl.testing import flagsaver
 
 from flags import config as flag_config
-from official_resnet.experiments import get_experiment, with_batch_schedule
-from official_resnet.lars import LARS
-from official_resnet.schedules import lr_config_b, lr_overrides
+from official_resnet.optimizers.lars import LARS
+from official_resnet.optimizers.schedules import lr_config_b, lr_overrides
+from official_resnet.plan.experiments import get_experiment, with_batch_schedule
 from tests import harness
 
 

@@ -207,7 +207,7 @@ def test_modelled_algorithms_are_the_registry_s_and_horovod_s_ring():
 
 
 def test_abci_data_the_plan_uses():
-    # The plan's all-reduce line quotes these numbers (official_resnet/run_plan.py).
+    # The plan's all-reduce line quotes these numbers (official_resnet/plan/run_plan.py).
     p, topo = cm.abci_params(), cm.abci_topology()
     assert (topo.ranks_per_host, topo.nics_per_host, topo.nics_per_rank) == (4, 2, None)
     assert p.intra.bandwidth == pytest.approx(50 * cm.GB)

@@ -7,8 +7,9 @@ from unittest import mock
 
 import tensorflow as tf
 
-from official_resnet import dataset_info, trainer
-from official_resnet.workers import Workers
+from official_resnet.data import dataset_info
+from official_resnet.run import trainer
+from official_resnet.run.workers import Workers
 
 
 def write(path, records):

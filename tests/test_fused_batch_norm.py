@@ -6,8 +6,8 @@ import unittest
 import numpy as np
 import tensorflow as tf
 
-from official_resnet.keras_generation import KERAS
-from official_resnet.model import BN_EPSILON, BN_MOMENTUM, resnet
+from official_resnet.model.keras_generation import KERAS
+from official_resnet.model.network import BN_EPSILON, BN_MOMENTUM, resnet
 from tftorus import stack
 
 keras = tf.keras
@@ -67,7 +67,7 @@ class FusedEqualsKeras3Test(tf.test.TestCase):
 
     def setUp(self):
         super().setUp()
-        from official_resnet.fused_batch_norm import FusedBatchNormalization
+        from official_resnet.model.fused_batch_norm import FusedBatchNormalization
         self.fused_class = FusedBatchNormalization
         self.addCleanup(keras.mixed_precision.set_global_policy, "float32")
 

@@ -13,8 +13,8 @@ import matplotlib
 import tensorflow as tf
 from PIL import Image
 
-from official_resnet import embedded_data
-from official_resnet import input_pipeline as ip
+from official_resnet.data import embedded_data
+from official_resnet.data import input_pipeline as ip
 from tftorus import stack
 
 

@@ -1,10 +1,11 @@
 """LARS against a NumPy transcription of the same formula, and inside Keras' machinery, on both
-stacks: official_resnet.lars.LARS is the Keras 2 class on the classic stack and the Keras 3 class
-on the current one (official_resnet/lars_keras2.py, lars_keras3.py, sharing lars_core.py).
+stacks: official_resnet.optimizers.lars.LARS is the Keras 2 class on the classic stack and the
+Keras 3 class on the current one (official_resnet/optimizers/lars_keras2.py, lars_keras3.py,
+sharing lars_core.py).
 
-The reference is written from the LARS paper's Algorithm 1 (documented in official_resnet/lars.py),
-independently of the TensorFlow code: coupled weight decay, the trust ratio on the raw gradient's
-norm, the learning rate applied before the momentum buffer.
+The reference is written from the LARS paper's Algorithm 1 (documented in
+official_resnet/optimizers/lars.py), independently of the TensorFlow code: coupled weight decay,
+the trust ratio on the raw gradient's norm, the learning rate applied before the momentum buffer.
 
 tftorus' DistributedOptimizer needs tftorus.init(); on Keras 3 that is the tf engine, which must
 start before TensorFlow's runtime does, so its test class comes first in this file and calls it in
@@ -20,8 +21,8 @@ import numpy as np
 import tensorflow as tf
 
 import tftorus
-from official_resnet import lars as L
-from official_resnet import model as resnet_model
+from official_resnet.model import network as resnet_model
+from official_resnet.optimizers import lars as L
 from tftorus import stack
 
 if stack.KERAS_3:
@@ -36,9 +37,10 @@ EXCLUDE = ["_bn", "bias"]
 
 
 def recipe_exclusions():
-    """official_resnet.trainer.EXCLUDE_FROM_LARS, read from its source: trainer imports the whole
-    recipe (PIL, the input pipeline), which is beside the point here."""
-    path = os.path.join(os.path.dirname(resnet_model.__file__), "trainer.py")
+    """official_resnet.run.trainer.EXCLUDE_FROM_LARS, read from its source: trainer imports the
+    whole recipe (PIL, the input pipeline), which is beside the point here."""
+    package = os.path.dirname(os.path.dirname(resnet_model.__file__))  # official_resnet/
+    path = os.path.join(package, "run", "trainer.py")
     with open(path) as source:
         for node in ast.parse(source.read()).body:
             if isinstance(node, ast.Assign) and any(

@@ -45,7 +45,7 @@ class ImportGraphTest(tf.test.TestCase):
 
     def test_the_command_line_stays_thin(self):
         with open(os.path.join(harness.ROOT, "run_scripts", "train.py")) as f:
-            self.assertLess(len(f.read().splitlines()), 150)  # the run is official_resnet.trainer
+            self.assertLess(len(f.read().splitlines()), 150)  # the run: official_resnet.run.trainer
 
 
 if __name__ == "__main__":

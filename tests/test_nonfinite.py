@@ -10,13 +10,13 @@ import tempfile
 import numpy as np
 import tensorflow as tf
 
-from official_resnet.batch_plan import PhasePlan
-from official_resnet.keras_generation import KERAS
-from official_resnet.lars import LARS
-from official_resnet.recipe_model import RecipeModel, all_finite
-from official_resnet.run_callbacks import EpochLogger, NonFiniteSteps, RunProgress
-from official_resnet.run_state import NonFiniteLossError, RunState
-from official_resnet.workers import Workers
+from official_resnet.model.keras_generation import KERAS
+from official_resnet.model.recipe_model import RecipeModel, all_finite
+from official_resnet.optimizers.lars import LARS
+from official_resnet.plan.batch_plan import PhasePlan
+from official_resnet.run.run_callbacks import EpochLogger, NonFiniteSteps, RunProgress
+from official_resnet.run.run_state import NonFiniteLossError, RunState
+from official_resnet.run.workers import Workers
 from tftorus.stack import variable_key
 from tests import harness
 
@@ -180,7 +180,7 @@ class TrainerReportTest(tf.test.TestCase):
 
     def test_skip_is_reported_with_its_step(self):
         model_dir = tempfile.mkdtemp(prefix="tftorus-nonfinite-")
-        with self.assertLogs("official_resnet.run_callbacks", "WARNING") as logs:
+        with self.assertLogs("official_resnet.run.run_callbacks", "WARNING") as logs:
             trainer = run_trainer(model_dir, nan_at_steps={3})
         self.assertIn("step 3 (epoch 0.75): non-finite gradients or loss (nan) over all "
                       "workers; the step was skipped (1 in a row)", "\n".join(logs.output))

@@ -11,8 +11,9 @@ import tempfile
 
 import tensorflow as tf
 
-from official_resnet import checkpointing, embedded_data
-from official_resnet.schedules import Schedule
+from official_resnet.data import embedded_data
+from official_resnet.optimizers.schedules import Schedule
+from official_resnet.run import checkpointing
 from tests import harness
 
 TRAIN, FLAGFILE = harness.TRAIN, harness.FLAGFILE

@@ -4,8 +4,8 @@ import re
 import numpy as np
 import tensorflow as tf
 
-from official_resnet.keras_generation import KERAS
-from official_resnet.model import resnet
+from official_resnet.model.keras_generation import KERAS
+from official_resnet.model.network import resnet
 from tftorus.stack import variable_name
 
 RESNET50_TRAINABLE = 25_557_032  # the published ResNet-50 (1000 classes, no conv biases)

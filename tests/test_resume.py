@@ -14,8 +14,9 @@ import numpy as np
 import tensorflow as tf
 
 from flags.config import TrainConfig
-from official_resnet import checkpointing, embedded_data
-from official_resnet.keras_generation import KERAS
+from official_resnet.data import embedded_data
+from official_resnet.model.keras_generation import KERAS
+from official_resnet.run import checkpointing
 from tests import harness
 
 TRAIN, FLAGFILE = harness.TRAIN, harness.FLAGFILE
@@ -122,7 +123,7 @@ class InputPositionTest(tf.test.TestCase):
     """skip_batches resumes a deterministic training dataset exactly where it was."""
 
     def test_skip_batches_continues_the_same_stream(self):
-        from official_resnet import input_pipeline
+        from official_resnet.data import input_pipeline
         tmp = tempfile.mkdtemp(prefix="tftorus-skip-")
         try:
             spec = embedded_data.EmbeddedSpec(num_train=96, num_validation=16, train_shards=4,
@@ -253,7 +254,7 @@ class CheckpointFilesTest(tf.test.TestCase):
         self.assertEqual(left, [paths[1], paths[3], paths[4]])
 
     def test_optimizer_slots_and_loss_scale_round_trip(self):
-        from official_resnet.lars import LARS
+        from official_resnet.optimizers.lars import LARS
 
         def make():
             model = tf.keras.Sequential([tf.keras.layers.Dense(3, input_shape=(4,))])

@@ -1,7 +1,7 @@
 """The paper's LR configurations and momentum rule, pinned at chosen epochs (values by hand)."""
 import tensorflow as tf
 
-from official_resnet import schedules as S
+from official_resnet.optimizers import schedules as S
 
 
 class LrConfigATest(tf.test.TestCase):

@@ -10,9 +10,9 @@ import tempfile
 
 import tensorflow as tf
 
-from official_resnet import embedded_data
-from official_resnet import input_pipeline as ip
-from official_resnet.sharding import FileShard, shard_files
+from official_resnet.data import embedded_data
+from official_resnet.data import input_pipeline as ip
+from official_resnet.data.sharding import FileShard, shard_files
 
 IN_OPEN = 0x20
 RECORDS_PER_FILE = 30  # not a multiple of the readers per file: the shards differ in size

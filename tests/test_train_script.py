@@ -7,7 +7,8 @@ import tempfile
 
 import tensorflow as tf
 
-from official_resnet import checkpointing, embedded_data
+from official_resnet.data import embedded_data
+from official_resnet.run import checkpointing
 from tests import harness
 from tests.test_nonfinite import scalars
 

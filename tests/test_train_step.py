@@ -3,7 +3,7 @@ and the number of micro-batches per update is read from a variable (no retrace t
 import numpy as np
 import tensorflow as tf
 
-from official_resnet.recipe_model import RecipeModel
+from official_resnet.model.recipe_model import RecipeModel
 
 
 def model_and_optimizer():

@@ -1,4 +1,4 @@
-"""The trainer as a library (official_resnet/trainer.py), in one process without horovodrun:
+"""The trainer as a library (official_resnet/run/trainer.py), in one process without horovodrun:
 its plan of the job, its data, its callbacks and their order, and a fit that checkpoints and
 a restore that gets back every variable and the run's clock."""
 import os
@@ -11,12 +11,14 @@ from absl import flags as absl_flags
 from absl.testing import flagsaver
 
 from flags import config as flag_config
-from official_resnet import batch_plan, checkpointing, embedded_data, trainer
-from official_resnet.callbacks import Evaluation, LRMomentumSchedule
-from official_resnet.keras_generation import KERAS
-from official_resnet.run_callbacks import (CheckpointSaver, EpochLogger, NonFiniteSteps,
-                                           RunProgress, StopAtEpoch)
-from official_resnet.workers import Workers
+from official_resnet.data import embedded_data
+from official_resnet.model.keras_generation import KERAS
+from official_resnet.plan import batch_plan
+from official_resnet.run import checkpointing, trainer
+from official_resnet.run.callbacks import Evaluation, LRMomentumSchedule
+from official_resnet.run.run_callbacks import (CheckpointSaver, EpochLogger, NonFiniteSteps,
+                                               RunProgress, StopAtEpoch)
+from official_resnet.run.workers import Workers
 from tests import harness
 
 SPEC = embedded_data.EmbeddedSpec(num_train=1024, num_validation=128, train_shards=4,
@@ -37,8 +39,12 @@ class TrainerTest(harness.EmbeddedDataCase, tf.test.TestCase):
                               "--bn_stat_batches=1", *flags])
             return flag_config.resolve_run()
 
+    def plan_job(self, spec):
+        """The job on one worker, with the data's sizes read once beforehand, as train does."""
+        return trainer.plan_job(spec, Workers(), trainer.sizes_without_reading(spec.config))
+
     def test_plan_of_a_job_on_one_worker(self):
-        job = trainer.plan_job(self.spec("--exp=3", "--stop_at_epoch=2"), Workers(), None)
+        job = self.plan_job(self.spec("--exp=3", "--stop_at_epoch=2"))
         self.assertEqual(job.info, (1024, 128, 10))
         self.assertEqual([(p.workers, p.total_batch, p.steps_per_epoch) for p in job.plans],
                          [(1, 216, 4), (1, 256, 4)])
@@ -48,22 +54,22 @@ class TrainerTest(harness.EmbeddedDataCase, tf.test.TestCase):
         self.assertEqual((run["lr_scale"], run["momentum_reference_batch"]), (1 / 256, 128))
 
     def test_phases_on_other_world_sizes_are_for_a_relaunch(self):
-        job = trainer.plan_job(self.spec("--exp=3", "--gpus_per_phase=1,2"), Workers(), None)
+        job = self.plan_job(self.spec("--exp=3", "--gpus_per_phase=1,2"))
         self.assertEqual((job.relaunch.index, job.relaunch.workers, job.stop_at_epoch),
                          (1, 2, 1.0))
         with self.assertRaisesRegex(batch_plan.PlanError,
                                     r"phase 1 of Exp. 3 runs on 2 workers \(--gpus_per_phase="
                                     r"2,1\); this job has 1: launch it with -np 2"):
-            trainer.plan_job(self.spec("--exp=3", "--gpus_per_phase=2,1"), Workers(), None)
+            self.plan_job(self.spec("--exp=3", "--gpus_per_phase=2,1"))
 
     def test_resume_never_refuses_a_directory_with_checkpoints(self):
         model_dir = tempfile.mkdtemp(dir=self.tmp)
         os.makedirs(os.path.join(model_dir, "checkpoints", "epoch-0001.000"))
         with self.assertRaisesRegex(checkpointing.CheckpointError, "--resume=never but"):
-            trainer.plan_job(self.spec("--resume=never", model_dir=model_dir), Workers(), None)
+            self.plan_job(self.spec("--resume=never", model_dir=model_dir))
 
     def test_data_is_deterministic_and_starts_at_its_position(self):
-        job = trainer.plan_job(self.spec("--exp=2"), Workers(), None)
+        job = self.plan_job(self.spec("--exp=2"))
         data = trainer.make_data(job)
         [segment] = batch_plan.fit_segments(job.plans, job.info.train_examples, 1.0)
         first = [x.numpy() for x, _ in data.train(segment, 0).take(3)]
@@ -75,7 +81,7 @@ class TrainerTest(harness.EmbeddedDataCase, tf.test.TestCase):
         self.assertEqual((images.shape[0], labels.shape[0]), (64, 64))
 
     def test_callbacks_run_in_the_order_their_data_flows(self):
-        job = trainer.plan_job(self.spec("--exp=2"), Workers(), None)
+        job = self.plan_job(self.spec("--exp=2"))
         state = trainer.new_run_state(job)
         [segment] = batch_plan.fit_segments(job.plans, job.info.train_examples,
                                             state.epoch_fraction)
@@ -96,7 +102,7 @@ class TrainerTest(harness.EmbeddedDataCase, tf.test.TestCase):
         model_dir = tempfile.mkdtemp(dir=self.tmp)
         spec = self.spec("--exp=2", "--max_steps=2", "--depth=14", "--width=4",
                          model_dir=model_dir)
-        job = trainer.plan_job(spec, Workers(), None)
+        job = self.plan_job(spec)
         tf.keras.utils.set_random_seed(0)
         model = trainer.build_model(spec.config, job.info)
         model.compile(optimizer=trainer.build_optimizer(spec.config))
@@ -111,8 +117,8 @@ class TrainerTest(harness.EmbeddedDataCase, tf.test.TestCase):
         [epoch] = state.history
         self.assertIsNotNone(epoch.top1)  # the last epoch is evaluated
 
-        resumed = trainer.plan_job(self.spec("--exp=2", "--depth=14", "--width=4",
-                                             model_dir=model_dir), Workers(), None)
+        resumed = self.plan_job(self.spec("--exp=2", "--depth=14", "--width=4",
+                                          model_dir=model_dir))
         path, saved = resumed.resume_from
         self.assertEqual((saved.steps, saved.samples_seen, saved.phase), (2, 432, 0))
         self.assertAlmostEqual(saved.epoch, 2 / 4 * 216 / 216)  # 2 of 4 steps of epoch 1

@@ -17,7 +17,8 @@ import uuid
 
 import psutil
 
-from official_resnet import checkpointing, embedded_data
+from official_resnet.data import embedded_data
+from official_resnet.run import checkpointing
 from tests import harness
 from tftorus import watchdog
 

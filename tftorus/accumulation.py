@@ -14,7 +14,7 @@ Horovod's `backward_passes_per_step` does the same with a count fixed when the o
 built, and sums unless average_aggregated_gradients. On Keras 2 Horovod's own wrapper keeps it;
 on Keras 3 it is an Accumulation of that fixed count (`backward_passes`), which then sums where
 Horovod sums. One `Accumulation` lives on an optimizer (`of(optimizer)`); a train step that
-reduces by itself (official_resnet.recipe_model) accumulates through the same object's `step`.
+reduces by itself (official_resnet.model.recipe_model) accumulates through the same object's `step`.
 """
 from typing import Callable, List, Optional, Sequence
 
@@ -188,8 +188,8 @@ def enable(optimizer) -> Accumulation:
     if optimizer is not holder:
         raise ValueError("a LossScaleOptimizer around the DistributedOptimizer would count and "
                          "rescale every micro-batch as an update; with changing micro-batches "
-                         "per update use official_resnet.recipe_model.RecipeModel, whose step "
-                         "unscales once per update")
+                         "per update use official_resnet.model.recipe_model.RecipeModel, whose "
+                         "step unscales once per update")
     helper = getattr(holder, "_agg_helper", None)
     if helper is not None and not isinstance(helper, _Reduction) \
             or getattr(of(holder, create=False), "fixed", False):

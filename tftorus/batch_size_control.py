@@ -9,7 +9,7 @@ DistributedOptimizer:
 It sets the count of the optimizer's tftorus.accumulation.Accumulation at the epochs where the
 schedule says, so one dataset of fixed micro-batches and one fit cover every range, and
 changing the batch retraces nothing. A model whose train step accumulates itself through the
-same Accumulation (official_resnet.recipe_model.RecipeModel) says so with
+same Accumulation (official_resnet.model.recipe_model.RecipeModel) says so with
 `model.micro_batch_accumulation`.
 """
 import math

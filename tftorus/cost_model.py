@@ -1,7 +1,7 @@
 """An alpha-beta-gamma cost model of the all-reduce algorithms tftorus runs.
 
 Pure Python + numpy (no TensorFlow, no Horovod): importable anywhere, fast in tests. The library
-uses it for the training plan's all-reduce time per step (official_resnet/run_plan.py, on the
+uses it for the training plan's all-reduce time per step (official_resnet/plan/run_plan.py, on the
 paper's cluster: the ABCI section at the end). Fitting its parameters to measured times and the
 paper's measured training step (Table 6) are the studies' (studies/cost_calibration.py).
 

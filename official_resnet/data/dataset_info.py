@@ -51,7 +51,7 @@ def _fingerprint(files_by_split: Dict[str, List[str]]) -> Dict[str, List]:
 
 def known_sizes(data_dir: str) -> Optional[DataSizes]:
     """The sizes if they can be known without reading the records, else None."""
-    from official_resnet.embedded_data import MANIFEST_NAME, read_manifest
+    from official_resnet.data.embedded_data import MANIFEST_NAME, read_manifest
 
     manifest = read_manifest(data_dir) if os.path.isdir(data_dir) else None
     if manifest and all(manifest.get("splits", {}).get(s, {}).get("records") is not None
@@ -75,7 +75,7 @@ def known_sizes(data_dir: str) -> Optional[DataSizes]:
 def count_sizes(data_dir: str) -> DataSizes:
     """Count every record (one worker does this) and cache the counts next to the data when the
     directory is writable (a read-only data set is counted again on the next run)."""
-    from official_resnet.input_pipeline import count_records
+    from official_resnet.data.input_pipeline import count_records
 
     files = {s: _split_files(data_dir, s) for s in SPLITS}
     sizes = DataSizes(count_records(files["train"]), count_records(files["validation"]), None,

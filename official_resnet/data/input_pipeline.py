@@ -9,7 +9,7 @@ in ImageNet's conversion: `label_offset=1` maps it to 0..999). The offline set o
 `make_dataset(...)` gives one worker's batches: (images float32 [B, H, W, 3], normalised with
 ImageNet's mean and std; labels int32 [B]). `batch_size` is per worker.
 
-Sharding across workers (official_resnet/sharding.py): by file when there are at least as many
+Sharding across workers (official_resnet/data/sharding.py): by file when there are at least as many
 files as workers, else each file is read by the workers assigned to it, each keeping every k-th
 record. Every record is read by exactly one worker per epoch, and no worker reads more than
 ceil(files / workers) files. Workers may hold slightly different numbers of records when the
@@ -37,8 +37,8 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import tensorflow as tf
 
-from official_resnet.embedded_data import MANIFEST_NAME
-from official_resnet.sharding import FileShard, shard_files
+from official_resnet.data.embedded_data import MANIFEST_NAME
+from official_resnet.data.sharding import FileShard, shard_files
 
 AUTOTUNE = tf.data.AUTOTUNE
 SPLIT_PATTERNS = {"train": "train-*", "validation": "validation-*"}
@@ -525,7 +525,7 @@ def worker_records(data_dir: str, split: str, num_workers: int = 1, worker_index
                    shuffle: bool = False, seed: int = 0,
                    deterministic: bool = True) -> tf.data.Dataset:
     """This worker's raw records, (serialized example, file name), one pass: its files, and its
-    share of each file's records when files are shared (official_resnet/sharding.py).
+    share of each file's records when files are shared (official_resnet/data/sharding.py).
     shuffle: the file order, reshuffled each pass (training)."""
     shards: List[FileShard] = shard_files(list_files(data_dir, split), num_workers, worker_index)
     ds = tf.data.Dataset.from_tensor_slices((
@@ -565,7 +565,7 @@ def _validate(files: Sequence[str], per_file: int, num_classes: int, label_offse
         raise  # the eager pass found nothing: the fast pass' own error is the best we have
 
 
-if __name__ == "__main__":  # python -m official_resnet.input_pipeline DATA_DIR
+if __name__ == "__main__":  # python -m official_resnet.data.input_pipeline DATA_DIR
     import json
     import sys
 

@@ -25,7 +25,7 @@ from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Tuple
 
 import tensorflow as tf
 
-from official_resnet.keras_generation import KERAS
+from official_resnet.model.keras_generation import KERAS
 from tftorus.stack import variable_key
 
 AllreduceSum = Callable[[tf.Tensor], tf.Tensor]

@@ -31,9 +31,10 @@ Where they differ, and why the recipe does what it does on each:
                     counter too).
   BatchNormalization  Keras 2's runs TensorFlow's fused kernel (FusedBatchNormV3); Keras 3's
                     computes moments and normalises in some 20 ops forward and 25 backward, 3x
-                    the fused kernel's time on CPU. The recipe's model takes `KERAS.batch_normalization()`: Keras 2's own
-                    layer, or on Keras 3 official_resnet/fused_batch_norm.py's subclass with the
-                    fused kernel in training mode (same variables, names and results).
+                    the fused kernel's time on CPU. The recipe's model takes
+                    `KERAS.batch_normalization()`: Keras 2's own layer, or on Keras 3
+                    fused_batch_norm.py's subclass (beside this file) with the fused kernel in
+                    training mode (same variables, names and results).
 """
 from typing import Callable, List, Optional
 
@@ -188,7 +189,7 @@ class Keras3:
     def batch_normalization():
         """Keras 3's BN with TensorFlow's fused kernel in training mode (imported here only:
         it subclasses Keras 3's layer)."""
-        from official_resnet.fused_batch_norm import FusedBatchNormalization
+        from official_resnet.model.fused_batch_norm import FusedBatchNormalization
         return FusedBatchNormalization
 
 

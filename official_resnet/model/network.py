@@ -37,7 +37,7 @@ from typing import Dict, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
-from official_resnet.keras_generation import KERAS
+from official_resnet.model.keras_generation import KERAS
 
 layers = tf.keras.layers
 
@@ -130,7 +130,7 @@ def resnet(*, depth: int = 50, num_classes: int = 1000, width: int = STANDARD_WI
     """
     if depth not in BLOCKS:
         raise ValueError(f"depth={depth} is not one of {sorted(BLOCKS)}; add its block counts to "
-                         "official_resnet.model.BLOCKS")
+                         "official_resnet.model.network.BLOCKS")
     if width < 1 or num_classes < 1:
         raise ValueError(f"width ({width}) and num_classes ({num_classes}) must be positive")
     if len(input_shape) != 3:

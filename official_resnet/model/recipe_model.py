@@ -2,7 +2,7 @@
 
 One `train_step` call is one micro-batch. Its gradients (and loss) are added to the sums of the
 optimizer's tftorus.accumulation.Accumulation, the one that accumulates in any user's fit too;
-when `accumulation` micro-batches (its count, which official_resnet.callbacks.BatchSizeControl
+when `accumulation` micro-batches (its count, which official_resnet.run.callbacks.BatchSizeControl
 sets per epoch) are in, one update happens:
 
     micro-batch -> forward (mixed precision) -> label-smoothed loss -> scaled backward -> accumulate
@@ -21,7 +21,7 @@ from typing import List
 
 import tensorflow as tf
 
-from official_resnet.keras_generation import KERAS
+from official_resnet.model.keras_generation import KERAS
 from tftorus import accumulation as micro_batches
 from tftorus.reduction import reduce_gradients
 

@@ -49,16 +49,17 @@ variables, so set the hyperparameters on the optimizer the wrapper returned, not
 to it. A learning rate given as a `LearningRateSchedule` is evaluated on `iterations` as usual and
 cannot be assigned.
 
-Two generations. `LARS` is official_resnet.lars_keras2.LARS on Keras 2 and
-official_resnet.lars_keras3.LARS on Keras 3, chosen below by `tftorus.stack.KERAS_3`, the one
-place that tells them apart; both call official_resnet.lars_core, which holds the update, the
-trust ratio, the argument checks and the exclusions, so the math is one piece of code. They
+Two generations. `LARS` is lars_keras2.LARS on Keras 2 and lars_keras3.LARS on Keras 3 (beside
+this file), chosen below by `tftorus.stack.KERAS_3`, the one place that tells them apart; both
+call lars_core, which holds the update, the trust ratio, the argument checks and the
+exclusions, so the math is one piece of code. They
 differ only where their base classes do:
 - Variable names for the exclusion regexes are `tftorus.stack.variable_name(v)`: tf.Variable's
   `name` on Keras 2 ('conv1_bn/gamma:0'), the Keras variable's `path` on Keras 3
   ('conv1_bn/gamma'; its `name` is just 'gamma'). The recipe's ['_bn', 'bias'] excludes the same
-  variables of official_resnet.model's ResNet on both. Keras 3 hands `update_step` the backend's
-  tf.Variable (named 'gamma:0'), so that class decides each variable's terms in `build`.
+  variables of official_resnet.model.network's ResNet on both. Keras 3 hands `update_step` the
+  backend's tf.Variable (named 'gamma:0'), so that class decides each variable's terms in
+  `build`.
 - The momentum variable: an attribute outside `optimizer.variables` on Keras 2 (whose
   `set_weights` order would change), a Keras variable in `optimizer.variables` on Keras 3 (as
   Keras 3 keeps the learning rate and iterations there), so a saved model keeps it.
@@ -69,14 +70,15 @@ differ only where their base classes do:
   `keras.models.load_model(path, custom_objects={"LARS": LARS})` (or tftorus.keras.load_model,
   passing custom_optimizers=[LARS]).
 """
-from official_resnet import lars_core
-from official_resnet.lars_core import DEFAULT_EPSILON, DEFAULT_TRUST_COEFFICIENT  # noqa: F401
+from official_resnet.optimizers import lars_core
+from official_resnet.optimizers.lars_core import (  # noqa: F401 (re-exported)
+    DEFAULT_EPSILON, DEFAULT_TRUST_COEFFICIENT)
 from tftorus import stack
 
 if stack.KERAS_3:
-    from official_resnet.lars_keras3 import LARS
+    from official_resnet.optimizers.lars_keras3 import LARS
 else:
-    from official_resnet.lars_keras2 import LARS
+    from official_resnet.optimizers.lars_keras2 import LARS
 
 __all__ = ["LARS", "unwrap", "DEFAULT_TRUST_COEFFICIENT", "DEFAULT_EPSILON"]
 

@@ -1,7 +1,7 @@
 """What both generations of LARS share: argument checks, name exclusions and the update itself.
 
-The math is documented in official_resnet/lars.py; lars_keras2.py and lars_keras3.py hold one
-small optimizer class each, which only adapt this module to their Keras' optimizer base class.
+The math is documented in lars.py (beside this file); lars_keras2.py and lars_keras3.py hold
+one small optimizer class each, which only adapt this module to their Keras' optimizer base class.
 Everything here is TensorFlow or plain Python, so both classes run the very same ops.
 """
 import numbers

@@ -1,19 +1,19 @@
 """LARS on Keras 2.15 (the classic stack): `tf.keras.optimizers.Optimizer`, the new optimizer.
 
-Import `official_resnet.lars`, which picks this class or lars_keras3's; the math and the API are
-documented there, and the update itself is lars_core.lars_update.
+Import `official_resnet.optimizers.lars`, which picks this class or lars_keras3's; the math and the
+API are documented there, and the update itself is lars_core.lars_update.
 """
 from typing import Optional, Sequence
 
 import tensorflow as tf
 
-from official_resnet import lars_core as core
+from official_resnet.optimizers import lars_core as core
 from tftorus import stack
 
 
 @tf.keras.saving.register_keras_serializable(package="tftorus")
 class LARS(tf.keras.optimizers.Optimizer):
-    """SGD with momentum and a per-variable trust ratio (see official_resnet/lars.py).
+    """SGD with momentum and a per-variable trust ratio (see official_resnet/optimizers/lars.py).
 
     Args:
       learning_rate: float or `LearningRateSchedule`; the global LR, multiplied by each

@@ -1,8 +1,8 @@
 """LARS on Keras 3 (the current stack): a `keras.optimizers.Optimizer`.
 
-Import `official_resnet.lars`, which picks this class or lars_keras2's; the math and the API are
-documented there, and the update itself is lars_core.lars_update (TensorFlow ops: the package
-runs on Keras 3's TensorFlow backend).
+Import `official_resnet.optimizers.lars`, which picks this class or lars_keras2's; the math and the
+API are documented there, and the update itself is lars_core.lars_update (TensorFlow ops: the
+package runs on Keras 3's TensorFlow backend).
 
 What Keras 3 changes, and how this class answers it:
 - `update_step(gradient, variable, learning_rate)` receives the backend's `tf.Variable`, whose
@@ -19,13 +19,13 @@ from typing import Optional, Sequence
 
 import keras
 
-from official_resnet import lars_core as core
+from official_resnet.optimizers import lars_core as core
 from tftorus import stack
 
 
 @keras.saving.register_keras_serializable(package="tftorus")
 class LARS(keras.optimizers.Optimizer):
-    """SGD with momentum and a per-variable trust ratio (see official_resnet/lars.py).
+    """SGD with momentum and a per-variable trust ratio (see official_resnet/optimizers/lars.py).
 
     Args:
       learning_rate: float or `LearningRateSchedule`; the global LR, multiplied by each

@@ -17,7 +17,7 @@ import dataclasses
 import math
 from typing import List, Optional, Sequence, Tuple
 
-from official_resnet.experiments import PAPER_EPOCHS, Experiment
+from official_resnet.plan.experiments import PAPER_EPOCHS, Experiment
 
 
 class PlanError(ValueError):
@@ -109,8 +109,8 @@ def plan_phases(experiment: Experiment, *, world_size: Optional[int] = None, dat
         raise PlanError(f"max_micro_batch must be >= 1, got {max_micro_batch}")
     scale = epochs / PAPER_EPOCHS  # paper epoch -> run epoch
     plans = []
-    for i, phase in enumerate(experiment.phases):
-        total = divided_totals(experiment, batch_divisor)[i]
+    for i, (phase, total) in enumerate(zip(experiment.phases,
+                                           divided_totals(experiment, batch_divisor))):
         world_size = workers[i]
         if total % world_size:
             totals = [b // batch_divisor for b in experiment.total_batches]

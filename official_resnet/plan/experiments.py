@@ -9,7 +9,8 @@ accumulation) from its own world size. How the table's uneven rows are resolved:
 - The GPUs a phase uses are total / per-worker batch: Exp. 2 uses 3456 GPUs in epochs 1-30 and
   1728 after; Exp. 3 uses 2048 after epoch 30 (`Experiment.gpus`). By default a run keeps its
   world size and its total batch, and changes the per-worker batch instead; with
-  `--gpus_per_phase=paper` each phase runs on the table's GPU count (official_resnet/batch_plan).
+  `--gpus_per_phase=paper` each phase runs on the table's GPU count
+  (official_resnet/plan/batch_plan.py).
 - Exp. 4's 68K at 16 per worker would need 4352 GPUs, more than its 4096. Our reading of that
   phase: 4096 GPUs at 17 per worker (69632 = 4096 x 17); so with `--gpus_per_phase=paper` Exp. 4
   runs on 2176, 4096, 2720 and 3808 GPUs. On one fixed world size, its 85K (87040) and 119K
@@ -50,7 +51,7 @@ class Phase:
 class Experiment:
     name: str
     max_gpus: int
-    lr_config: str  # 'A' or 'B' (official_resnet.schedules)
+    lr_config: str  # 'A' or 'B' (official_resnet.optimizers.schedules)
     label_smoothing: float
     phases: Tuple[Phase, ...]
     paper_top1: float  # Table 5, percent

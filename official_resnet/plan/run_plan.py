@@ -10,7 +10,8 @@ fitted). Nothing here starts Horovod or reads a record.
 import dataclasses
 from typing import List, Sequence, Tuple
 
-from official_resnet import batch_plan, sharding
+from official_resnet.data import sharding
+from official_resnet.plan import batch_plan
 
 # The ILSVRC-2012 archives (ILSVRC2012_img_train.tar, ILSVRC2012_img_val.tar): the TFRecords
 # hold the same JPEGs, so their sizes stand in for the converted files' when no data is given.
@@ -32,7 +33,7 @@ class DataLayout:
 
     @classmethod
     def imagenet(cls) -> "DataLayout":
-        from official_resnet.dataset_info import IMAGENET_FILES, IMAGENET_RECORDS
+        from official_resnet.data.dataset_info import IMAGENET_FILES, IMAGENET_RECORDS
 
         files = {s: [IMAGENET_BYTES[s] // n] * n for s, n in IMAGENET_FILES.items()}
         return cls("ImageNet: ILSVRC-2012's split sizes, as no --data_dir was given",
@@ -41,7 +42,7 @@ class DataLayout:
 
 
 def read_per_worker(file_bytes: Sequence[int], workers: int) -> Tuple[int, int]:
-    """(files, bytes) the busiest worker reads per pass (official_resnet/sharding.py)."""
+    """(files, bytes) the busiest worker reads per pass (official_resnet/data/sharding.py)."""
     files = [f"{i}" for i in range(len(file_bytes))]
     busiest = (0, 0)
     for w in range(min(workers, len(files))):  # workers beyond F repeat files 0..F-1

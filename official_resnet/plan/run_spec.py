@@ -15,9 +15,9 @@ import dataclasses
 import json
 from typing import Any, List, Optional, Tuple
 
-from official_resnet import batch_plan
-from official_resnet.experiments import Experiment, get_experiment, with_batch_schedule
-from official_resnet.schedules import Schedule, lr_overrides
+from official_resnet.optimizers.schedules import Schedule, lr_overrides
+from official_resnet.plan import batch_plan
+from official_resnet.plan.experiments import Experiment, get_experiment, with_batch_schedule
 
 RUN_SPEC_FILE = "run.json"
 
@@ -29,6 +29,7 @@ class RunSpec:
     phase_workers: Optional[Tuple[int, ...]]  # per phase; None: each on the job's world size
     lr_scale: float  # multiplies the paper's LR schedule (1 / batch_divisor by default)
     reference_batch: float  # the momentum rule's total batch at 0.9, divided with the batches
+    total_batches: Tuple[int, ...]  # Table 3's per phase, divided by --batch_divisor
 
     @classmethod
     def from_config(cls, config) -> "RunSpec":
@@ -46,7 +47,9 @@ class RunSpec:
                                                batch_divisor=config.batch_divisor)
         return cls(config=config, experiment=experiment, phase_workers=workers,
                    lr_scale=config.lr_scale,
-                   reference_batch=config.reference_batch / config.batch_divisor)
+                   reference_batch=config.reference_batch / config.batch_divisor,
+                   total_batches=tuple(batch_plan.divided_totals(experiment,
+                                                                 config.batch_divisor)))
 
     @property
     def fixed(self) -> bool:
@@ -58,10 +61,6 @@ class RunSpec:
         if self.phase_workers is not None:
             return self.phase_workers
         return batch_plan.phase_workers(self.experiment, "fixed", world_size)
-
-    def total_batches(self) -> List[int]:
-        """Table 3's total batches divided by --batch_divisor (PlanError if one does not)."""
-        return batch_plan.divided_totals(self.experiment, self.config.batch_divisor)
 
     def plans(self, dataset_size: int, world_size: Optional[int] = None
               ) -> List[batch_plan.PhasePlan]:
@@ -90,7 +89,7 @@ class RunSpec:
             "phases": [{"paper_epochs": [p.start, p.end], "total_batch": total,
                         "workers": workers[i] if workers else "the job's"}
                        for i, (p, total) in enumerate(zip(self.experiment.phases,
-                                                          self.total_batches()))],
+                                                          self.total_batches))],
             "epochs": self.config.epochs, "batch_divisor": self.config.batch_divisor,
             "lr_config": self.config.lr_config, "lr_scale": self.lr_scale,
             "momentum_reference_batch": self.reference_batch, "grid": self.config.grid,

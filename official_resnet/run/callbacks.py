@@ -11,20 +11,20 @@ schedule puts logs['lr'] and logs['momentum'], Evaluation logs['val_top1'], for 
 after them (Keras runs callbacks in list order). BatchSizeControl and LRMomentumSchedule work in
 a model compiled with tftorus.keras.DistributedOptimizer (tftorus.accumulation): one dataset of
 fixed micro-batches and one `fit` cover every phase, and changing the batch retraces nothing.
-A `Workers` (official_resnet.workers) says who this process is and sums over all of them:
+A `Workers` (official_resnet.run.workers) says who this process is and sums over all of them:
 `Workers.current()` after tftorus.init(), `Workers()` in one process.
 
-The trainer's own callbacks, which share its run state, are in official_resnet.run_callbacks.
+The trainer's own callbacks, which share its run state, are in official_resnet.run.run_callbacks.
 """
 import math
 from typing import Callable, Iterable, Optional
 
 import tensorflow as tf
 
-from official_resnet import bn_statistics
-from official_resnet.lars import unwrap
-from official_resnet.recipe_model import make_eval_step
-from official_resnet.workers import Workers
+from official_resnet.model import bn_statistics
+from official_resnet.model.recipe_model import make_eval_step
+from official_resnet.optimizers.lars import unwrap
+from official_resnet.run.workers import Workers
 from tftorus import watchdog
 from tftorus.batch_size_control import BatchSizeControl, micro_batches_per_update  # noqa: F401
 
@@ -84,7 +84,7 @@ class Evaluation(tf.keras.callbacks.Callback):
     `epoch_fraction` of one), after `last_epoch` (default: the fit's last) and when training
     stops early. With `bn_batches`, every BN layer's statistics are first set to those of
     `bn_batches(epoch)` (training micro-batches, current weights) over all workers, in FP32
-    (official_resnet/bn_statistics.py): the recipe keeps no moving averages."""
+    (official_resnet/model/bn_statistics.py): the recipe keeps no moving averages."""
 
     def __init__(self, data: Callable[[], Iterable], workers: Workers = Workers(),
                  every: float = 1.0, epoch_fraction: float = 1.0,

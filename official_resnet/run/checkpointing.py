@@ -25,7 +25,7 @@ from typing import Collection, Dict, Iterable, List, Optional, Tuple
 
 import tensorflow as tf
 
-from official_resnet.keras_generation import KERAS
+from official_resnet.model.keras_generation import KERAS
 
 logger = logging.getLogger(__name__)
 
@@ -66,8 +66,8 @@ class CheckpointState:
     bn_stat_batches: int = 0
     elapsed: float = 0.0  # training seconds so far (the run's clock)
     nonfinite_skips_in_a_row: int = 0  # skipped updates just before this epoch's end
-    # Keras' generation that wrote it (official_resnet.keras_generation: 2 on the classic stack,
-    # 3 on the current one); absent: 2, which wrote every checkpoint before Keras 3 trained
+    # Keras' generation that wrote it (official_resnet.model.keras_generation: 2 on the classic
+    # stack, 3 on the current one); absent: 2, which wrote every checkpoint before Keras 3 trained
     keras: int = 2
     format: int = FORMAT_VERSION
 
@@ -361,7 +361,7 @@ def check_config(model_dir: str, config: Dict, may_differ: Collection[str] = ())
 
 def check_generation(state: CheckpointState, path: str) -> None:
     """A checkpoint is resumed by the Keras generation that wrote it: Keras 2 and Keras 3 save
-    the same model and optimizer as other objects (official_resnet.keras_generation)."""
+    the same model and optimizer as other objects (official_resnet.model.keras_generation)."""
     if state.keras != KERAS.generation:
         written = {2: "Keras 2 (the classic stack: TensorFlow 2.15, Horovod)",
                    3: "Keras 3 (the current stack: TensorFlow >= 2.16)"}.get(

@@ -1,5 +1,5 @@
-"""The trainer's own callbacks (official_resnet/trainer.py): they share its RunState, so they
-are not for a user's model.fit (official_resnet/callbacks.py has those).
+"""The trainer's own callbacks (official_resnet/run/trainer.py): they share its RunState, so they
+are not for a user's model.fit (official_resnet/run/callbacks.py has those).
 
     RunProgress      the run's clock: position, optimizer steps, samples seen, training time,
                      the watchdog's note of what this worker does, --max_steps
@@ -10,7 +10,7 @@ are not for a user's model.fit (official_resnet/callbacks.py has those).
 
 Every field of RunState has one writer, named beside the field. RunProgress comes first in the
 list: the others read the clock it advances. EpochLogger reads logs that earlier callbacks put
-(official_resnet/callbacks.py's lr, momentum and val_top1); CheckpointSaver reads the epoch's
+(official_resnet/run/callbacks.py's lr, momentum and val_top1); CheckpointSaver reads the epoch's
 log. trainer.make_callbacks orders them so, and tests/test_trainer.py checks it.
 """
 import dataclasses
@@ -22,9 +22,9 @@ from typing import Callable, Optional
 
 import tensorflow as tf
 
-from official_resnet.checkpointing import CheckpointState
-from official_resnet.keras_generation import KERAS
-from official_resnet.run_state import NONFINITE_POLICIES, EpochLog, NonFiniteLossError, RunState
+from official_resnet.model.keras_generation import KERAS
+from official_resnet.run.checkpointing import CheckpointState
+from official_resnet.run.run_state import NONFINITE_POLICIES, EpochLog, NonFiniteLossError, RunState
 from tftorus import watchdog
 from tftorus.batch_size_control import micro_batches_per_update
 
@@ -201,7 +201,7 @@ class EpochLogger(tf.keras.callbacks.Callback):
 
 
 class CheckpointSaver(tf.keras.callbacks.Callback):
-    """Rank 0 writes an atomic, verified checkpoint (official_resnet/checkpointing.py) with
+    """Rank 0 writes an atomic, verified checkpoint (official_resnet/run/checkpointing.py) with
     `state_of(epoch)` as its state.json after every epoch."""
 
     def __init__(self, state: RunState, writer,

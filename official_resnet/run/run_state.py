@@ -14,8 +14,8 @@ from typing import List, Optional
 
 import tensorflow as tf
 
-from official_resnet.batch_plan import PhasePlan, phase_at
-from official_resnet.workers import Workers
+from official_resnet.plan.batch_plan import PhasePlan, phase_at
+from official_resnet.run.workers import Workers
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -55,7 +55,7 @@ def epochs_per_keras_epoch(plans: List[PhasePlan], limit: int = 12) -> float:
 
 @dataclasses.dataclass
 class RunState:
-    """The run as the trainer's callbacks (official_resnet/run_callbacks.py) see it. Each field
+    """The run as the trainer's callbacks (official_resnet/run/run_callbacks.py) see it. Each field
     is written by the one named beside it; the trainer sets the rest when it builds the state
     (from the checkpoint it resumes). samples_seen and steps (optimizer updates, skipped ones
     included) are variables: they go into every checkpoint."""

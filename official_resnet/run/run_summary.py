@@ -7,7 +7,7 @@ import json
 import logging
 from typing import List, Optional
 
-from official_resnet.run_state import RunState
+from official_resnet.run.run_state import RunState
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The training run behind run_scripts/train.py, as a library: plan, data, model, callbacks,
 restore, fit and the closing summary, each a function a test can call in one process.
 
-    spec = flags.config.resolve_run(FLAGS)         # official_resnet.run_spec.RunSpec
+    spec = flags.config.resolve_run(FLAGS)         # official_resnet.plan.run_spec.RunSpec
     trainer.train(spec)                           # under horovodrun, or alone as one worker
     print(trainer.plan_text(spec, num_workers=3456))   # what the run would do, without running
 
@@ -23,22 +23,23 @@ from absl import logging as absl_logging
 
 import tftorus
 import tftorus.keras
-from official_resnet import batch_plan, checkpointing, dataset_info, embedded_data
-from official_resnet import input_pipeline, run_plan
-from official_resnet.callbacks import (BatchSizeControl, Evaluation, LRMomentumSchedule,
-                                       MetricAverage)
-from official_resnet.checkpointing import CheckpointState
-from official_resnet.keras_generation import KERAS
-from official_resnet.lars import LARS
-from official_resnet.model import resnet
-from official_resnet.recipe_model import RecipeModel
-from official_resnet.run_callbacks import (CheckpointSaver, EpochLogger, NonFiniteSteps,
-                                           RunProgress, StopAtEpoch)
-from official_resnet.run_spec import RUN_SPEC_FILE, RunSpec
-from official_resnet.run_state import RunState, epochs_per_keras_epoch
-from official_resnet.run_summary import log_summary, run_summary
-from official_resnet.schedules import Schedule
-from official_resnet.workers import Workers
+from official_resnet.data import dataset_info, embedded_data, input_pipeline
+from official_resnet.model.keras_generation import KERAS
+from official_resnet.model.network import resnet
+from official_resnet.model.recipe_model import RecipeModel
+from official_resnet.optimizers.lars import LARS
+from official_resnet.optimizers.schedules import Schedule
+from official_resnet.plan import batch_plan, run_plan
+from official_resnet.plan.run_spec import RUN_SPEC_FILE, RunSpec
+from official_resnet.run import checkpointing
+from official_resnet.run.callbacks import (BatchSizeControl, Evaluation, LRMomentumSchedule,
+                                           MetricAverage)
+from official_resnet.run.checkpointing import CheckpointState
+from official_resnet.run.run_callbacks import (CheckpointSaver, EpochLogger, NonFiniteSteps,
+                                               RunProgress, StopAtEpoch)
+from official_resnet.run.run_state import RunState, epochs_per_keras_epoch
+from official_resnet.run.run_summary import log_summary, run_summary
+from official_resnet.run.workers import Workers
 from tftorus import watchdog
 
 EXCLUDE_FROM_LARS = ["_bn", "bias"]  # BN parameters and biases: no decay, no trust ratio
@@ -57,19 +58,20 @@ class DataInfo(NamedTuple):
 # ------------------------------------------------------------------------------------------------
 def sizes_without_reading(config) -> Optional[dataset_info.DataSizes]:
     """The data's sizes when known without reading records (manifest, ImageNet's standard
-    layout, an earlier count); the embedded default's from its spec before it is generated."""
-    if (config.data_dir == embedded_data.DEFAULT_DATA_DIR
-            and not embedded_data.read_manifest(config.data_dir)):
+    layout, an earlier count); the embedded default's from its spec before it is generated
+    (the set generated from that spec has those sizes); None: the records must be counted."""
+    sizes = dataset_info.known_sizes(config.data_dir)
+    if sizes is None and config.data_dir == embedded_data.DEFAULT_DATA_DIR:
         spec = embedded_data.EmbeddedSpec()
         return dataset_info.DataSizes(spec.num_train, spec.num_validation, spec.num_classes,
                                       "embedded spec")
-    return dataset_info.known_sizes(config.data_dir)
+    return sizes
 
 
 def check_batch_fits(spec: RunSpec, train_examples: int) -> None:
     """One line naming the fix when the data cannot hold the experiment's largest batch (the
     card's `train.py --exp=2` on the embedded default, for one)."""
-    largest = max(spec.total_batches())
+    largest = max(spec.total_batches)
     if largest <= train_examples:
         return
     data_dir = spec.config.data_dir
@@ -83,9 +85,8 @@ def check_batch_fits(spec: RunSpec, train_examples: int) -> None:
 
 
 def data_info(config, sizes: Optional[dataset_info.DataSizes], workers: Workers) -> DataInfo:
-    """Sizes known beforehand, or counted once by rank 0 and shared (never by every rank)."""
-    if sizes is None or sizes.source == "embedded spec":
-        sizes = dataset_info.known_sizes(config.data_dir)
+    """The sizes `train` read before it started (`sizes_without_reading`), or when they were
+    not known (None), counted once by rank 0 and shared (never by every rank)."""
     if sizes is None:
         input_pipeline.list_files(config.data_dir, "train")  # a clear error for missing files
         counted = dataset_info.count_sizes(config.data_dir) if workers.chief else None
@@ -185,15 +186,17 @@ def _quiet_checkpoint_writes(record: logging.LogRecord) -> bool:
 
 def plan_job(spec: RunSpec, workers: Workers, sizes: Optional[dataset_info.DataSizes]) -> Job:
     """Data sizes, the batch plan on this world size, the checkpoint to resume from, and the
-    phases this job runs (those on its own world size from where the run stands)."""
+    phases this job runs (those on its own world size from where the run stands). `sizes`:
+    `sizes_without_reading(spec.config)`, read once by the caller (None: counted here)."""
     config = spec.config
     if config.data_dir == embedded_data.DEFAULT_DATA_DIR:
         if workers.chief:  # one writer (it skips a complete set); the others wait at the barrier
             embedded_data.generate(config.data_dir)
         workers.barrier()
     info = data_info(config, sizes, workers)
-    check_batch_fits(spec, info.train_examples)
-    plans = spec.plans(info.train_examples, workers.size)
+    if sizes is None:  # counted just now (train checked the sizes it knew before starting)
+        check_batch_fits(spec, info.train_examples)
+    plans = spec.plans(info.train_examples, workers.size)  # the phase plan: built here, once
     # Resume: the newest valid checkpoint (--resume=auto), a given one, or none (never).
     if config.resume == "never" and checkpointing.list_checkpoints(config.model_dir):
         raise checkpointing.CheckpointError(
@@ -423,7 +426,7 @@ def fit(job: Job, model, state: RunState, schedule: Schedule, data: Data, writer
 def train(spec: RunSpec) -> None:
     """The whole job (see the module docstring); raises the errors train.py reports."""
     config = spec.config
-    sizes = sizes_without_reading(config)
+    sizes = sizes_without_reading(config)  # read once, here; passed on (None: counted later)
     if sizes is not None:  # before any collective: the card's command on the embedded default
         check_batch_fits(spec, sizes.train)
     # A run already in --model_dir must have this configuration (world size, engine, grid and
@@ -433,7 +436,7 @@ def train(spec: RunSpec) -> None:
 
     workers = start_workers(config)
     tf.keras.utils.set_random_seed(config.seed)  # same initial weights everywhere; broadcast below
-    job = plan_job(spec, workers, sizes)
+    job = plan_job(spec, workers, sizes)  # the data's sizes and the phase plan, from here on
     data = make_data(job)
     model = build_model(config, job.info)
     model.compile(optimizer=build_optimizer(config))

@@ -18,8 +18,8 @@ import tensorflow as tf
 
 import tftorus
 import tftorus.keras as hvd  # the one-line change from horovod.tensorflow.keras
-from official_resnet.callbacks import BatchSizeControl
-from official_resnet.recipe_model import RecipeModel
+from official_resnet.model.recipe_model import RecipeModel
+from official_resnet.run.callbacks import BatchSizeControl
 
 STEPS, GLOBAL_MICRO, CLASSES, EPOCHS = 8, 8, 5, 4
 

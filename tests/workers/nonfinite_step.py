@@ -11,8 +11,8 @@ import tensorflow as tf
 
 import tftorus
 import tftorus.keras
-from official_resnet.lars import LARS
-from official_resnet.recipe_model import RecipeModel
+from official_resnet.model.recipe_model import RecipeModel
+from official_resnet.optimizers.lars import LARS
 import report  # noqa: E402  (tests/workers)
 
 

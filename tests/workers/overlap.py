@@ -16,8 +16,8 @@ crossed all ranks while every rank was still in its slow backward. With one buck
 gradient (fusion threshold above the model's size) `back` must come after `ready`: the control
 run, which shows the check can fail. The step is Keras' own minimize, split in its two halves
 (optimizer.compute_gradients, which reduces, then apply_gradients), inside model.fit; then the
-recipe's accumulating step (official_resnet.recipe_model), whose one reduction per update should
-overlap the backward pass of the update's last micro-batch.
+recipe's accumulating step (official_resnet.model.recipe_model), whose one reduction per update
+should overlap the backward pass of the update's last micro-batch.
 
 Also checked: every rank plans the same buckets and algorithms (gathered and compared). That
 the reduced values are right is checked elsewhere (allreduce_check.py, gradient_semantics.py).
@@ -43,7 +43,7 @@ import tensorflow as tf  # noqa: E402
 
 import tftorus  # noqa: E402
 import tftorus.keras  # noqa: E402
-from official_resnet.recipe_model import RecipeModel  # noqa: E402
+from official_resnet.model.recipe_model import RecipeModel  # noqa: E402
 from tftorus import algorithms, context, fusion, world  # noqa: E402
 from tests.workers.report import finish  # noqa: E402
 
