@@ -173,6 +173,7 @@ CURRENT_STACK = (
     "tests/test_bn_statistics.py",
     "tests/test_callbacks.py",
     "tests/test_trainer.py",
+    "tests/test_official_resnet_layout.py",
     "tests/test_train_script.py",
     "tests/test_resume.py",
     "tests/test_schedules.py",
