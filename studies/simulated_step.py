@@ -420,7 +420,7 @@ def tftorus_engine(cluster: SimulatedCluster, grid: TorusGrid, engine: str,
     """planner.Engine as tftorus/reduction.py builds it from the communicator (on CPUs)."""
     import tensorflow as tf
     from tftorus import algorithms
-    from tftorus.tf_collective_engine import CPU_MAX_BUCKET_BYTES
+    from tftorus.tf_collective_engine import CPU_MAX_BUCKET_BYTES, CPU_MAX_CHUNK_BYTES
     concurrent = engine == "tf"
     comm = SimpleNamespace(size=cluster.size, local_size=cluster.local_size,
                            concurrent_groups=concurrent, rank_ordered_sums=True)
@@ -429,6 +429,7 @@ def tftorus_engine(cluster: SimulatedCluster, grid: TorusGrid, engine: str,
         chunks_allowed=all(algorithms.chunks_keep_bits(grid, comm, tf.as_dtype(d))
                            for d in dtypes),
         max_bucket_bytes=CPU_MAX_BUCKET_BYTES if concurrent else None,
+        max_chunk_bytes=CPU_MAX_CHUNK_BYTES if concurrent else None,
         columns_in_turn=not concurrent)  # Horovod with Gloo runs the columns in turn
 
 

@@ -71,6 +71,21 @@ class PlannerTest(unittest.TestCase):
         late = [two[0], ("torus", 1.0, 1, 10.0)]
         self.assertEqual(planner.timeline(Phases(), grid, late, concurrent=True), 14.0)
 
+    def test_an_engine_chunk_limit_cuts_the_torus_chunks_below_it(self):
+        # a ms a call, 30 MB/s: the links alone favour a few long chunks
+        slow = links(1e-3, 0.03)
+        free = planner.plan(4, 2, resnet_like(), slow, TF_ENGINE)
+        self.assertGreater(max(b.nbytes / b.chunks for b in free.buckets), 2 * MIB)
+        capped_engine = dataclasses.replace(TF_ENGINE, max_bucket_bytes=32 * MIB,
+                                            max_chunk_bytes=2 * MIB)
+        capped = planner.plan(4, 2, resnet_like(), slow, capped_engine)
+        for b in capped.buckets:
+            if b.algorithm == "torus":
+                self.assertLessEqual(b.nbytes / b.chunks, 2 * MIB)
+        # a count the caller fixes is kept
+        fixed = planner.plan(4, 2, resnet_like(), slow, capped_engine, chunks=2)
+        self.assertEqual({b.chunks for b in fixed.buckets if b.algorithm == "torus"}, {2})
+
     def test_more_buckets_where_the_backward_pass_hides_them(self):
         tensors = resnet_like()
         slow = links(1e-6, 1.0)

@@ -29,6 +29,10 @@ class Communicator(abc.ABC):
     #: cost more than linearly above some size, which the link probe's small messages cannot
     #: see, the planner (tftorus/planner.py) keeps its buckets below it.
     max_bucket_bytes = None
+    #: The largest pipeline chunk worth planning (None: no limit): where a chunk's row phases
+    #: take the cores its column's transfer needs, a long one stalls the column, which the
+    #: planner's model of links cannot see; the planner cuts the torus' chunks below it.
+    max_chunk_bytes = None
     #: Whether one group's long collective can hold back another group's on other ranks (the
     #: columns then run in turn where each has a link of its own): see the planner's
     #: IN_TURN_MAX_BUCKET_BYTES.

@@ -248,6 +248,7 @@ class Engine:
     concurrent_groups: bool
     chunks_allowed: bool = True
     max_bucket_bytes: Optional[int] = None  # Communicator.max_bucket_bytes
+    max_chunk_bytes: Optional[int] = None  # Communicator.max_chunk_bytes
     columns_in_turn: bool = False  # Communicator.columns_in_turn
 
 
@@ -403,17 +404,19 @@ def plan(size: int, local_size: int, tensor_bytes: Sequence[Tuple[int, object]],
             sizes = [sum(tensor_bytes[i][0] for i in indices) for indices in cut_indices]
             ready = [max(profile.ready[i] for i in indices) if profile else 0.0
                      for indices in cut_indices]
-            for k in _chunk_choices(g, local_size, engine, chunks):
+            choices = _chunk_choices(g, local_size, engine, chunks)
+            for k in choices:
                 buckets = []
                 for indices, nbytes in zip(cut_indices, sizes):
+                    kb = _capped_chunks(k, nbytes, engine) if len(choices) > 1 else k
                     # per bucket the fastest algorithm alone; within the tie band the torus
-                    options = [(costs.seconds(a, g, nbytes, k if a == "torus" else 1,
+                    options = [(costs.seconds(a, g, nbytes, kb if a == "torus" else 1,
                                               concurrent), a) for a in algos]
                     t_best = min(t for t, _ in options)
                     t, a = min((o for o in options if o[0] <= t_best * (1 + TIE_FRACTION)),
                                key=lambda o: ALGORITHMS.index(o[1]))
                     buckets.append(BucketPlan(tuple(indices), nbytes, a,
-                                              k if a == "torus" else 1, t))
+                                              kb if a == "torus" else 1, t))
                 candidate = _costed(Plan(g, threshold, tuple(buckets), 0.0, 0.0, links,
                                          tail_threshold_bytes=tail if tail != cut else None,
                                          head_bytes=head if head != cut else None),
@@ -525,6 +528,14 @@ def _chunk_choices(grid: TorusGrid, local_size: int, engine: Engine,
     if not (engine.concurrent_groups and engine.chunks_allowed) or local_size >= grid.size:
         return (1,)  # nothing runs beside a chunk's phases, or one host: chunks only add calls
     return CHUNKS
+
+
+def _capped_chunks(chunks: int, nbytes: float, engine: Engine) -> int:
+    """A bucket's chunk count with its chunks no larger than the engine's max_chunk_bytes (at
+    most max(CHUNKS) of them)."""
+    if engine.max_chunk_bytes is None:
+        return chunks
+    return int(min(max(CHUNKS), max(chunks, math.ceil(nbytes / engine.max_chunk_bytes))))
 
 
 def _why(p: Plan, grid, threshold, algorithm, chunks, profile) -> str:

@@ -263,7 +263,7 @@ def _plan(options: TorusOptions, comm: Communicator, grid: TorusGrid, wire,
     dtypes = {t.dtype for t in wire}
     engine = planner.Engine(concurrent_groups=comm.concurrent_groups, chunks_allowed=all(
         algorithms.chunks_keep_bits(grid, comm, d) for d in dtypes),
-        max_bucket_bytes=comm.max_bucket_bytes,
+        max_bucket_bytes=comm.max_bucket_bytes, max_chunk_bytes=comm.max_chunk_bytes,
         columns_in_turn=comm.columns_in_turn)
     algorithm = None if options.algorithm == algorithms.AUTO else options.algorithm
     step = tensors is not None  # a training step's gradients, else tensors all ready at once

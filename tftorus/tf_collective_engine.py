@@ -94,6 +94,13 @@ _GATHERV_SPAN = 32  # a variable-size all-gather pads to a power of two: one key
 _MOVE_DTYPES = (tf.float16, tf.float32, tf.float64, tf.int32, tf.int64)  # GatherV2's types
 DEFAULT_MAX_MESSAGE_BYTES = 16 << 20  # largest block one all-to-all / all-gather sends (see above)
 CPU_MAX_BUCKET_BYTES = 32 << 20  # the largest bucket the planner makes on CPUs (see above)
+#: The largest torus chunk the planner makes on CPUs: there a chunk's row phases (all-to-all,
+#: sum, all-gather over gRPC) run on the cores its column's transfer needs, and stall the column
+#: for a share that grows with the chunk. Measured on the emulated 2 x 2 with a link per rank,
+#: ResNet-50's FP32 set in 16 MiB buckets: chunks of 16, 8, 4, 2, 1 MiB took 2094, 1983, 1954,
+#: 1841, 1820 ms, where the planner's affine links (probed with messages up to 2 MiB) predict
+#: the reverse order (docs/studies/planner.md).
+CPU_MAX_CHUNK_BYTES = 2 << 20
 EAGER_TIMED_LIMIT = 64  # eager collectives with TF's timeout at once: 2 threads each (above)
 
 
@@ -202,6 +209,7 @@ class TFCollectiveCommunicator(Communicator):
         # TF's CPU all-to-all and all-gather grow faster than their bytes (module docstring):
         # ResNet-50's 97.6 MiB in one buffer took 1.6x its time in 16-32 MiB buckets.
         self.max_bucket_bytes = None if gpu else CPU_MAX_BUCKET_BYTES
+        self.max_chunk_bytes = None if gpu else CPU_MAX_CHUNK_BYTES
         self._lock = threading.Lock()
         self._group_keys: Dict[Group, int] = {}
         self._group_of_key: Dict[int, Group] = {}
