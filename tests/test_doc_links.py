@@ -11,7 +11,9 @@ README.md has at most 150 lines, and no paragraph over six lines. A paragraph he
 consecutive lines of prose: non-blank lines outside fenced code blocks that are not a heading,
 a table row ('|'), an indented block (four spaces or a tab), or part of a list (a line that
 starts with '-', '*', '+' or 'N.' followed by a space, and every line after it up to the next
-blank line). Reads text only; no TensorFlow.
+blank line). Every docs/....md path named in the code (tftorus/, official_resnet/, studies/,
+run_scripts/, flags/, tests/) exists, so comments and messages follow a page that moves. Reads
+text only; no TensorFlow.
 """
 import glob
 import os
@@ -137,6 +139,19 @@ class DocLinksTest(unittest.TestCase):
         self.assertGreater(len(pages), 5, "README.md and docs/**/*.md were not found")
         broken = [b for page in pages for b in broken_links(page)]
         self.assertEqual(broken, [], "links that do not resolve:\n" + "\n".join(broken))
+
+    def test_every_doc_page_the_code_names_exists(self):
+        named = re.compile(r"docs/[A-Za-z0-9_][A-Za-z0-9_/.-]*?\.md")
+        missing = []
+        for folder in ("tftorus", "official_resnet", "studies", "run_scripts", "flags", "tests"):
+            for path in glob.glob(os.path.join(ROOT, folder, "**", "*.py"), recursive=True):
+                with open(path, encoding="utf-8") as f:
+                    for number, line in enumerate(f, 1):
+                        missing += [f"{os.path.relpath(path, ROOT)}:{number}: {m}"
+                                    for m in named.findall(line)
+                                    if not os.path.exists(os.path.join(ROOT, m))]
+        self.assertEqual(missing, [], "doc pages named in the code that do not exist:\n"
+                         + "\n".join(missing))
 
     def test_readme_is_short(self):
         with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:

@@ -52,7 +52,7 @@ from tftorus.communicator import Communicator
 from tftorus.grid import TorusGrid
 
 
-#: Chunk sizes, measured on the emulated 2 x 2 cluster at 0.25 Gbit/s (docs/emulated_cluster.md):
+#: Chunk sizes, measured on the emulated 2 x 2 cluster at 0.25 Gbit/s (docs/studies/emulated_cluster.md):
 #: the pipeline's fill and drain are one chunk's row phases, so small chunks hide more, while
 #: each chunk's three collectives pay a fixed cost (a few ms here, hidden behind the network
 #: while the column is busy). 1 MiB chunks of a 16 MiB buffer and 4 MiB chunks of 64 MiB were
@@ -184,7 +184,7 @@ def packs(name: str, comm: Communicator, dtype: tf.DType) -> bool:
     background thread packs whatever is ready each cycle, as for Horovod's own optimizer), where
     our packing would only add copies and hold each tensor back until its bucket is complete.
     Measured on one host of 4 ranks, FP32: packed, the step was 1.06-1.12 of Horovod's
-    optimizer; tensor by tensor, 0.90 (docs/emulated_cluster.md)."""
+    optimizer; tensor by tensor, 0.90 (docs/studies/emulated_step.md)."""
     return not (name == "ring" and comm.fuses_all_reduce(dtype, comm.all_ranks()))
 
 

@@ -124,7 +124,7 @@ class Communicator(abc.ABC):
         all-reduce, and every element summed in the same order wherever it sits in the buffer (an
         engine's ring sums an element in an order set by its position). For 16-bit floats (both
         engines' CPU all-reduces sum them in 16 bits at each hop or one scalar at a time,
-        docs/benchmarks.md) and for the torus' FP32 columns of 3+ ranks where it pipelines
+        docs/studies/benchmarks.md) and for the torus' FP32 columns of 3+ ranks where it pipelines
         chunks (algorithms.ordered_column)."""
         group = self._check(group)
         if len(group) == 1:

@@ -4,7 +4,7 @@ Same interface as horovod.tensorflow.Compression (`compress(t) -> (t, ctx)`,
 `decompress(t, ctx)`), so Horovod's compressors can be passed too. Only floating tensors wider
 than the wire type are cast; everything else passes through. The paper sends FP16 gradients;
 on GPUs and slow links that halves the bytes, on a loopback CPU run the FP16 arithmetic costs
-more than it saves (see docs/benchmarks.md), so the default is no compression.
+more than it saves (see docs/studies/benchmarks.md), so the default is no compression.
 """
 import tensorflow as tf
 

@@ -439,7 +439,7 @@ def plan_grid_by_cost(size: int, model: CostModel, nbytes: float,
 # ==================================================================================================
 
 #: ResNet-50's trainable parameters (tf.keras.applications.ResNet50, 1000 classes; the count
-#: docs/benchmarks.md measured): the plan's gradient buffer is this many elements.
+#: docs/studies/benchmarks.md measured): the plan's gradient buffer is this many elements.
 RESNET50_PARAMS = 25_583_592
 
 GB = 1e9

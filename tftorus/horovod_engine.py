@@ -15,12 +15,12 @@ from tftorus.communicator import (Communicator, Group, SumsInTurn, choose_reduce
 _HVD_OPS = {"sum": hvd.Sum, "max": hvd.Max, "min": hvd.Min}
 
 #: The row reduce-scatter defaults to 'alltoall': with Horovod 0.28.1's Gloo ops it measured 3-5x
-#: as fast as hvd.reducescatter here (docs/benchmarks.md). 'native' (hvd.reducescatter) is for
+#: as fast as hvd.reducescatter here (docs/studies/benchmarks.md). 'native' (hvd.reducescatter) is for
 #: NCCL on GPUs only: on Gloo it returned wrong sums inside our graphs in the benchmark.
 NATIVE_REFUSED = (
     "reduce_scatter_impl='native' needs Horovod built with NCCL: on Gloo, hvd.reducescatter "
     "measured 3-5x slower than the default 'alltoall' and returned a wrong sum for ResNet-50's "
-    "fused gradients (docs/benchmarks.md); leave reduce_scatter_impl at 'alltoall'")
+    "fused gradients (docs/studies/benchmarks.md); leave reduce_scatter_impl at 'alltoall'")
 
 
 class ProcessSetError(RuntimeError):
@@ -35,7 +35,7 @@ class HorovodCommunicator(Communicator):
     concurrent_groups = False
     # Its loop also coordinates every rank once per cycle, and with Gloo it performs each
     # collective to its end before the next cycle: a column whose request misses the other
-    # column's cycle waits for that column's whole collective (docs/emulated_cluster.md). With
+    # column's cycle waits for that column's whole collective (docs/studies/planner.md). With
     # NCCL on GPUs the loop only enqueues the collective and goes on (untested here: no GPU).
     columns_in_turn = True
 
@@ -93,7 +93,7 @@ class HorovodCommunicator(Communicator):
         Over two members it need not: Gloo adds each pair once, in FP32, and rounds once to
         FP16, the same bits as the FP32 sum in rank order; across emulated hosts the all-to-all
         plus all-gather made the torus' FP16 column 0.93 of a ring where its bytes allow 0.67
-        (docs/emulated_cluster.md)."""
+        (docs/studies/emulated_step.md)."""
         return (dtype in (tf.float16, tf.bfloat16) and self.sum_16bit_in_fp32
                 and not (dtype == tf.float16 and len(group) == 2))
 

@@ -3,7 +3,7 @@
 tftorus' run-time choices cost or win by the links they run on: every collective call pays a
 latency per sequential step (the torus 2(X-1) + 2(Y-1), a ring 2(N-1)), every bucket and every
 pipelined chunk pays those again, and the bytes pay the bandwidth of whichever link carries
-them. Fixed rules picked on one cluster lose elsewhere (docs/scale.md: at 1,024-4,096 GPUs the
+them. Fixed rules picked on one cluster lose elsewhere (docs/studies/scale.md: at 1,024-4,096 GPUs the
 1-MiB chunk rule made the torus 2.9-4.2x slower than one buffer). So the plan is computed, per
 job, from the cost model (tftorus/cost_model.py) with:
 
@@ -48,7 +48,7 @@ THRESHOLDS = (1 * MIB, 2 * MIB, 4 * MIB, 8 * MIB, 16 * MIB, 32 * MIB, 64 * MIB, 
 #: it, so a long backward pass wants it small; more calls cost latency where the network binds.
 #: Measured: ResNet-50's last 16 MiB bucket (14.6 MiB) put tftorus' step 0.31 s past the compute
 #: on the emulated 2 x 2 where Horovod's optimizer, sending what each cycle finds ready, ended
-#: 0.03 s after it (docs/emulated_cluster.md).
+#: 0.03 s after it (docs/studies/emulated_step.md).
 TAIL_DIVISORS = (1, 4, 16)
 #: No tail bucket below this (a call's latency would cost more than its bytes anywhere).
 MIN_TAIL_BYTES = 256 << 10
@@ -56,7 +56,7 @@ MIN_TAIL_BYTES = 256 << 10
 #: of their own of at most its size over these (1: not split): the link starts as soon as the
 #: backward pass has made them, not the whole first bucket. Measured: ResNet-50's first 11.1
 #: MiB bucket left the emulated 2 x 4's link idle 0.14 s into the backward pass, where
-#: Horovod's optimizer sent from its first cycle (docs/emulated_cluster.md).
+#: Horovod's optimizer sent from its first cycle (docs/studies/emulated_step.md).
 HEAD_DIVISORS = (1, 8)
 #: Chunk counts tried per torus bucket on engines that pipeline (algorithms.MAX_CHUNKS at most).
 CHUNKS = (1, 2, 4, 8, 16)
@@ -68,7 +68,7 @@ ALGORITHMS = ("torus", "ring", "hierarchical")
 #: (lanes > 1): one long column collective then holds the other columns back for its whole
 #: length. Measured on the emulated 2 x 2 with a link per rank, ResNet-50's FP32 set: one
 #: 97.6 MiB buffer 3.70 s (p25 2.83), 16 MiB buckets 2.01 s; with one link per host, where the
-#: columns share the link anyway, one buffer was 3 % faster (docs/emulated_cluster.md).
+#: columns share the link anyway, one buffer was 3 % faster (docs/studies/planner.md).
 IN_TURN_MAX_BUCKET_BYTES = 16 * MIB
 LINKS_ENV = "TFTORUS_LINKS"
 #: Until the step's clocks exist (replan()), nothing says how long the backward pass is beside
@@ -78,7 +78,7 @@ LINKS_ENV = "TFTORUS_LINKS"
 #: tensor after the other in reverse order: assumed_profile). Judged by the all-reduce alone, the planner picked one
 #: buffer, which hides nothing: 0.77 of Horovod's optimizer's step against 0.73 with 16 MiB
 #: buckets (emulated 2 x 2, FP16); judged by one backward pass 1.5x the all-reduce, 45 small
-#: buckets where the step was the all-reduce (docs/planner.md).
+#: buckets where the step was the all-reduce (docs/studies/planner.md).
 ASSUMED_BACKWARDS = (0.1, 0.3, 1.0, 3.0)
 #: The backward pass' share of the compute (forward + backward), to judge a step by its length.
 BACKWARD_SHARE = 2.0 / 3.0
@@ -346,7 +346,7 @@ def timeline(costs, grid: TorusGrid, buckets: Sequence[Tuple[str, float, int, fl
 def candidate_algorithms(grid: TorusGrid, local_size: int) -> Tuple[str, ...]:
     """What 'auto' may choose on this grid: on one host, or where the grid has one row or one
     column, the engine's own all-reduce only (the torus would be a ring, and on one host it only
-    adds steps where no slow link is to be spared: measured, docs/emulated_cluster.md)."""
+    adds steps where no slow link is to be spared: measured, docs/studies/emulated_step.md)."""
     if local_size >= grid.size or grid.x == 1 or grid.y == 1:
         return ("ring",)
     out = ["torus", "ring"]

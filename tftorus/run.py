@@ -12,7 +12,7 @@ signal N), naming it. Ctrl-C or SIGTERM to the launcher is passed to every rank,
 grace period.
 
 There is no multi-host mode: on a cluster the scheduler starts the processes (srun, mpirun, a
-Kubernetes TFJob's TF_CONFIG; see docs/launching.md). Standard library only, so it runs without
+Kubernetes TFJob's TF_CONFIG; see docs/guide/launching.md). Standard library only, so it runs without
 TensorFlow: `python path/to/tftorus/run.py ...` works too.
 """
 import argparse
@@ -52,7 +52,7 @@ def _parser() -> argparse.ArgumentParser:
         epilog=(
             "One machine only. On a cluster the scheduler starts the processes and tftorus\n"
             "finds them itself: srun (Slurm), mpirun (Open MPI; TFTORUS_RENDEZVOUS across\n"
-            "hosts), or a TF_CONFIG per process (Kubernetes TFJob). See docs/launching.md.\n\n"
+            "hosts), or a TF_CONFIG per process (Kubernetes TFJob). See docs/guide/launching.md.\n\n"
             "example:  python -m tftorus.run -np 4 train.py --epochs 2"))
     p.add_argument("-np", "--np", "-n", "--nproc", dest="np", type=int, required=True,
                    metavar="N", help="number of processes (ranks) to start")

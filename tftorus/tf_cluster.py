@@ -27,7 +27,7 @@ The order is TF_CONFIG, horovodrun, mpirun, srun: mpirun run inside a Slurm job 
 step's SLURM_PROCID in every rank's environment, so Open MPI's variables, which only mpirun
 sets, come first. The fixed base port of mpirun on one host and of srun is TFTORUS_TF_PORT, else
 DEFAULT_PORT (8888, SlurmClusterResolver's). Bad or inconsistent variables raise a ValueError of
-one line that names what to set. docs/launching.md has every launch for users.
+one line that names what to set. docs/guide/launching.md has every launch for users.
 
 Addresses: TF's gRPC server listens on every interface of the port; what matters is the address
 the *peers* dial, `host` (arg) or TFTORUS_TF_HOST, by default 127.0.0.1 when every rank is on

@@ -34,7 +34,7 @@ _ACCUMULATION = ("Horovod's own accumulation for backward_passes_per_step: give 
                  "tftorus.keras.BatchSizeControl")
 
 #: Horovod names the facades do not give on this stack, and what to use instead
-#: (docs/horovod_compatibility.md shows them; tests/test_horovod_compatibility.py holds them).
+#: (docs/guide/horovod_compatibility.md shows them; tests/test_horovod_compatibility.py holds them).
 HOROVOD_ONLY = {
     "join": "a rank that has joined must answer the others' later collectives for them, which "
             "Horovod's background thread does and TF's collectives (each issued by every "

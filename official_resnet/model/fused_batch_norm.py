@@ -4,7 +4,7 @@ Keras 3's BatchNormalization computes in training mode `tf.nn.moments` and then
 `tf.nn.batch_normalization`: 21 ops forward (with the moving averages) and 25 backward, several
 over the whole activation, where Keras 2 (and TensorFlow's own models) run one FusedBatchNormV3
 and one FusedBatchNormGradV3. In the main job's model on this project's 2-core CPU its BN ops
-took 3x the fused kernel's time and the training step 1.5x (docs/training.md), and ResNets have
+took 3x the fused kernel's time and the training step 1.5x (docs/studies/main_job.md), and ResNets have
 a BN after every conv.
 
 `FusedBatchNormalization` is that layer with the same constructor, variables and names (gamma,

@@ -1,5 +1,5 @@
 """`hvd.elastic` of `import tftorus.keras as hvd` on the current stack (Keras 3): KerasState and
-Horovod's three Keras callbacks, used as with Horovod (docs/reliability.md#elastic-training),
+Horovod's three Keras callbacks, used as with Horovod (docs/guide/reliability.md#elastic-training),
 over a world that keeps its size (tftorus/elastic_fixed_world.py says why and what happens when
 a worker is lost). Give fit the epochs still to run, `epochs=total - state.epoch`.
 """
