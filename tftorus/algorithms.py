@@ -87,7 +87,7 @@ def torus_pipeline(comm: Communicator, grid: TorusGrid,
         with tf.name_scope(scope):
             return run()
 
-    def column_sum(i, shard):
+    def column_sum(shard):
         ordered = ordered_column(grid, comm, shard.dtype)
         return (comm.sum_in_rank_order if ordered else comm.all_reduce)(shard, col)
 
@@ -102,7 +102,7 @@ def torus_pipeline(comm: Communicator, grid: TorusGrid,
             scattered[i] = phase(i, lambda: comm.reduce_scatter(parts[i][1], row))  # horizontal
         i = step - 1
         if 0 <= i < n:
-            reduced[i] = phase(i, lambda: column_sum(i, scattered[i]))  # vertical, 1/X of it
+            reduced[i] = phase(i, lambda: column_sum(scattered[i]))  # vertical, 1/X of it
         i = step - 2
         if 0 <= i < n:
             gathered[i] = phase(i, lambda: comm.all_gather(reduced[i], row, equal_sizes=True))
