@@ -165,6 +165,22 @@ MEASURED = [
          "2 x 4, r = 2 (a second run)"),
     Case(2, 4, 0.25, "fp16", "classic", 3.305, (("hvd", 4.195, 3.237), ("default", 3.563, 2.025)),
          "2 x 4, r = 1"),
+    Case(2, 2, 0.25, "fp16", "classic", 1.278, (("hvd", 2.959, 2.509), ("default", 2.284, 1.811),
+                                                ("replanned", 2.242, 1.772)),
+         "2 x 2, r = 2, after ReplanCallback"),
+    # the current stack: tftorus on its tf engine beside MultiWorkerMirroredStrategy (FP32 always)
+    Case(2, 2, 0.25, "fp16", "current", 1.251, (("default", 2.254, 1.758),), "2 x 2, r = 2"),
+    Case(2, 2, 0.25, "fp32", "current", 1.251, (("mwms", 6.336, 4.995),
+                                                ("mwms-pack16", 5.545, 5.156)),
+         "2 x 2, r = 2 FP16's compute"),
+    Case(2, 2, 0.25, "fp32", "current", 2.455, (("default", 4.288, 3.391), ("mwms", 7.437, 5.034),
+                                                ("mwms-pack16", 5.954, 5.090)), "2 x 2, r = 2"),
+    Case(2, 4, 0.25, "fp16", "current", 1.635, (("default", 2.329, 1.843),), "2 x 4, r = 2"),
+    Case(2, 4, 0.25, "fp32", "current", 1.635, (("mwms-pack16", 6.473, 5.954),
+                                                ("mwms-pack4", 6.650, 6.086)),
+         "2 x 4, r = 2 FP16's compute"),
+    Case(2, 4, 0.25, "fp32", "current", 2.926, (("default", 4.369, 3.385),
+                                                ("mwms-pack16", 6.847, 5.969)), "2 x 4, r = 2"),
 ]
 
 
@@ -673,8 +689,11 @@ def main(argv: Sequence[str] = None) -> int:
     print(f"Measured: {'; '.join(sources)}. Step = max(backward end, last gradient summed) + "
           f"update ({args.update_s * 1e3:.0f} ms); Horovod's cycle {args.horovod_cycle_ms:g} ms; "
           f"ratios simulated / measured.\n")
-    report(cases, args.update_s, args.links, args.run_links, args.horovod_cycle_ms * 1e-3)
-    return 0
+    worst = report(cases, args.update_s, args.links, args.run_links,
+                   args.horovod_cycle_ms * 1e-3)
+    # exit 1 where a measured step is missed by more than WITHIN: the docs claim the model
+    # predicts every quoted step within it (tests/test_simulated_step.py holds it to that)
+    return 1 if worst is not None and abs(worst[0]) > WITHIN else 0
 
 
 if __name__ == "__main__":

@@ -142,6 +142,7 @@ LAUNCHES = (
     "tests/test_worker_loss.py::TerminateHookTest",
     "tests/test_worker_loss.py::WorkerLossTest",
     "tests/test_virtual_accelerator.py::OnTwoWorkersTest",
+    "tests/test_simulated_step.py::QuotedStepsTest",
 )
 
 

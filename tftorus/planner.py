@@ -405,10 +405,15 @@ def plan(size: int, local_size: int, tensor_bytes: Sequence[Tuple[int, object]],
             ready = [max(profile.ready[i] for i in indices) if profile else 0.0
                      for indices in cut_indices]
             choices = _chunk_choices(g, local_size, engine, chunks)
+            tried = set()  # capped, several k give the same counts: cost each set once
             for k in choices:
+                counts = tuple(_capped_chunks(k, nbytes, engine) if len(choices) > 1 else k
+                               for nbytes in sizes)
+                if counts in tried:
+                    continue
+                tried.add(counts)
                 buckets = []
-                for indices, nbytes in zip(cut_indices, sizes):
-                    kb = _capped_chunks(k, nbytes, engine) if len(choices) > 1 else k
+                for indices, nbytes, kb in zip(cut_indices, sizes, counts):
                     # per bucket the fastest algorithm alone; within the tie band the torus
                     options = [(costs.seconds(a, g, nbytes, kb if a == "torus" else 1,
                                               concurrent), a) for a in algos]
