@@ -362,6 +362,8 @@ class StepRow:
     default: Outcome  # the runtime's plan (made without a profile)
     profiled: Outcome  # planner.plan on the probe's links with the profile
     paper: Outcome  # one buffer, ready at the end of the backward pass
+    first_plan: Optional[planner.Plan] = None  # `default`'s plan, for print_first_plan_hedge
+    local_size: int = 0  # the world's ranks per host
 
     def miss(self, variant: str) -> float:
         return getattr(self, variant).seconds / self.best.seconds - 1
@@ -451,7 +453,7 @@ def training_step(world: World, costs: SimulatedCosts, ts, links: planner.Links,
 
     return StepRow(compute, Outcome(compute + best.exposed_seconds, describe(best)),
                    step(default), step(profiled),
-                   Outcome(compute + paper.seconds, paper.what))
+                   Outcome(compute + paper.seconds, paper.what), default, world.local_size)
 
 
 def table6_row(world: World, costs: SimulatedCosts, ts, links: planner.Links,
@@ -590,6 +592,50 @@ def print_step_summary(rows: Sequence[Row]) -> Dict[str, int]:
     return slower
 
 
+def print_first_plan_hedge(rows: Sequence[Row], tensors: Dict[str, list],
+                           profile: planner.StepProfile) -> None:
+    """Why the first steps' plan misses where it misses most: on that row's links and its first
+    plan's grid, the cost model's exposed communication per bucket size under each backward pass
+    first_plan assumes and under the clocked profile, and the worst regret first_plan weighs."""
+    stepped = [r for r in rows if r.step is not None and r.step.first_plan is not None]
+    if not stepped:
+        return
+    r = max(stepped, key=lambda row: row.step.miss("default"))
+    size, local = r.size, r.step.local_size
+    ts, engine, links = tensors[r.wire], ENGINES[r.engine], planner.Links.parse(r.links)
+    grid = r.step.first_plan.grid
+    costs = planner.ModelCosts(links.cost_model(local), local)
+    alone = planner.plan(size, local, ts, links, engine, costs=costs)
+    assumed = [planner.assumed_profile(ts, f * alone.seconds) for f in planner.ASSUMED_BACKWARDS]
+    clocked = measured_profile(profile)
+
+    def step(a: planner.StepProfile, exposed: float) -> float:
+        return a.backward_seconds / planner.BACKWARD_SHARE + exposed
+
+    best = [step(a, planner.plan(size, local, ts, links, engine, costs=costs,
+                                 profile=a).exposed_seconds) for a in assumed]
+    fs = " / ".join(f"{f:g}x" for f in planner.ASSUMED_BACKWARDS)
+    print(f"### Why the first steps miss most at {r.cluster} {r.how} {size} {r.wire} {r.engine}\n")
+    print(f"The cost model on that row's links (`{r.links}`), the first plan's grid {grid}: the "
+          f"communication exposed after the backward pass, ms, for backward passes {fs} the "
+          f"all-reduce alone ({ms(alone.seconds)} ms; first_plan's assumptions), the step's "
+          f"regret against the best plan under each, and with the backward pass the clocks "
+          f"measure ({ms(clocked.backward_seconds)} ms; what replan() plans for).\n")
+    print(f"| buckets | exposed ms ({fs}) | step / best step ({fs}) | worst | exposed ms, "
+          f"clocked |")
+    print("|---|---|---|---|---|")
+    for th in (8 * MIB, 16 * MIB, 32 * MIB, 64 * MIB, planner.ONE_BUFFER):
+        p = planner.plan(size, local, ts, links, engine, grid=grid, threshold_bytes=th,
+                         costs=costs)
+        exposed = [planner.evaluate(p, costs, engine, a)[1] for a in assumed]
+        regrets = [step(a, e) / b for a, e, b in zip(assumed, exposed, best)]
+        name = "one" if th == planner.ONE_BUFFER else f"{th // MIB} MiB"
+        print(f"| {name} ({len(p.buckets)}) | " + " / ".join(ms(e) for e in exposed)
+              + " | " + " / ".join(f"{g:.3f}" for g in regrets)
+              + f" | {max(regrets):.3f} | {ms(planner.evaluate(p, costs, engine, clocked)[1])} |")
+    print()
+
+
 def print_table6(rows: Sequence[Row]) -> None:
     t6 = [r for r in rows if r.table6 is not None]
     if not t6:
@@ -715,6 +761,7 @@ def main(argv: Sequence[str] = None) -> int:
           "compute / step.\n")
     print_steps(rows)
     print_step_summary(rows)
+    print_first_plan_hedge(rows, tensors, profile)
     print_table6(rows)
     print_checks(checked)
     print_links(rows)

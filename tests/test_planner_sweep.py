@@ -7,6 +7,8 @@ bindings (Debian: python3-simgrid); skips without them. SimGrid allows one engin
 so this test simulates on tests/test_simulated_cluster.py's platform (built once for both): its
 'flat' cluster, 4 hosts x 4 ranks with one NIC each. No processes are started.
 """
+import contextlib
+import io
 import unittest
 
 from studies import planner_sweep as ps
@@ -55,6 +57,18 @@ class PlannerSweepTest(unittest.TestCase):
                 self.assertGreaterEqual(s.best.seconds, s.compute)
                 # the one buffer is ready when the backward pass ends: nothing of it is hidden
                 self.assertAlmostEqual(s.paper.seconds, s.compute + r.paper.seconds)
+
+    def test_first_plan_hedge_table(self):
+        # the worst first-step row's table: five bucket sizes, each no better than the best
+        # plan under every assumed backward pass (a regret >= 1)
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            ps.print_first_plan_hedge(self.rows, self.tensors, step_profile.resnet50_profile())
+        lines = [ln for ln in out.getvalue().splitlines() if ln.startswith("| ")]
+        self.assertEqual(len(lines), 1 + 5, out.getvalue())
+        worst = [float(ln.split("|")[4]) for ln in lines[1:]]
+        self.assertTrue(all(w >= 1.0 - 1e-9 for w in worst), worst)
+        self.assertIn("### Why the first steps miss most at flat compact 16", out.getvalue())
 
     def test_interpolation_matches_direct_simulation(self):
         self.assertTrue(self.checked)
