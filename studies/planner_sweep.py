@@ -605,20 +605,14 @@ def print_first_plan_hedge(rows: Sequence[Row], tensors: Dict[str, list],
     ts, engine, links = tensors[r.wire], ENGINES[r.engine], planner.Links.parse(r.links)
     grid = r.step.first_plan.grid
     costs = planner.ModelCosts(links.cost_model(local), local)
-    alone = planner.plan(size, local, ts, links, engine, costs=costs)
-    assumed = [planner.assumed_profile(ts, f * alone.seconds) for f in planner.ASSUMED_BACKWARDS]
+    assumed, regrets_of = planner.assumed_regrets(size, local, ts, links, engine, costs)
+    alone_s = assumed[0].backward_seconds / planner.ASSUMED_BACKWARDS[0]
     clocked = measured_profile(profile)
-
-    def step(a: planner.StepProfile, exposed: float) -> float:
-        return a.backward_seconds / planner.BACKWARD_SHARE + exposed
-
-    best = [step(a, planner.plan(size, local, ts, links, engine, costs=costs,
-                                 profile=a).exposed_seconds) for a in assumed]
     fs = " / ".join(f"{f:g}x" for f in planner.ASSUMED_BACKWARDS)
     print(f"### Why the first steps miss most at {r.cluster} {r.how} {size} {r.wire} {r.engine}\n")
     print(f"The cost model on that row's links (`{r.links}`), the first plan's grid {grid}: the "
           f"communication exposed after the backward pass, ms, for backward passes {fs} the "
-          f"all-reduce alone ({ms(alone.seconds)} ms; first_plan's assumptions), the step's "
+          f"all-reduce alone ({ms(alone_s)} ms; first_plan's assumptions), the step's "
           f"regret against the best plan under each, and with the backward pass the clocks "
           f"measure ({ms(clocked.backward_seconds)} ms; what replan() plans for).\n")
     print(f"| buckets | exposed ms ({fs}) | step / best step ({fs}) | worst | exposed ms, "
@@ -628,7 +622,7 @@ def print_first_plan_hedge(rows: Sequence[Row], tensors: Dict[str, list],
         p = planner.plan(size, local, ts, links, engine, grid=grid, threshold_bytes=th,
                          costs=costs)
         exposed = [planner.evaluate(p, costs, engine, a)[1] for a in assumed]
-        regrets = [step(a, e) / b for a, e, b in zip(assumed, exposed, best)]
+        regrets = regrets_of(p)
         name = "one" if th == planner.ONE_BUFFER else f"{th // MIB} MiB"
         print(f"| {name} ({len(p.buckets)}) | " + " / ".join(ms(e) for e in exposed)
               + " | " + " / ".join(f"{g:.3f}" for g in regrets)

@@ -486,12 +486,12 @@ def assumed_profile(tensor_bytes: Sequence[Tuple[int, object]],
     return StepProfile(tuple(ready), backward_seconds)
 
 
-def first_plan(size: int, local_size: int, tensor_bytes: Sequence[Tuple[int, object]],
-               links: Links, engine: Engine, costs=None, **fixed) -> Plan:
-    """The plan for the steps before replan(): the least regret over assumed backward passes
-    (ASSUMED_BACKWARDS): per assumption the step (forward + backward + exposed) over the best
-    step any plan gives under it, the worst of those minimized."""
-    costs = costs or ModelCosts(links.cost_model(min(local_size, size)), min(local_size, size))
+def assumed_regrets(size: int, local_size: int, tensor_bytes: Sequence[Tuple[int, object]],
+                    links: Links, engine: Engine, costs, **fixed
+                    ) -> Tuple[List[StepProfile], Callable[[Plan], List[float]]]:
+    """The backward passes first_plan assumes (ASSUMED_BACKWARDS times the fastest all-reduce
+    alone) and, for a plan, its regret under each: the step (forward + backward + exposed) over
+    the best step any plan gives under that assumption."""
     alone = plan(size, local_size, tensor_bytes, links, engine, costs=costs, **fixed)
     assumed = [assumed_profile(tensor_bytes, f * alone.seconds) for f in ASSUMED_BACKWARDS]
 
@@ -501,8 +501,21 @@ def first_plan(size: int, local_size: int, tensor_bytes: Sequence[Tuple[int, obj
     best = [step(a, plan(size, local_size, tensor_bytes, links, engine, costs=costs,
                          profile=a, **fixed).exposed_seconds) for a in assumed]
 
+    def regrets(p: Plan) -> List[float]:
+        return [step(a, evaluate(p, costs, engine, a)[1]) / b for a, b in zip(assumed, best)]
+
+    return assumed, regrets
+
+
+def first_plan(size: int, local_size: int, tensor_bytes: Sequence[Tuple[int, object]],
+               links: Links, engine: Engine, costs=None, **fixed) -> Plan:
+    """The plan for the steps before replan(): the least worst regret over the assumed backward
+    passes (assumed_regrets)."""
+    costs = costs or ModelCosts(links.cost_model(min(local_size, size)), min(local_size, size))
+    _, regrets = assumed_regrets(size, local_size, tensor_bytes, links, engine, costs, **fixed)
+
     def regret(p: Plan) -> float:
-        return max(step(a, evaluate(p, costs, engine, a)[1]) / b for a, b in zip(assumed, best))
+        return max(regrets(p))
 
     p = plan(size, local_size, tensor_bytes, links, engine, costs=costs, score=regret, **fixed)
     return dataclasses.replace(p, why=p.why.replace(
