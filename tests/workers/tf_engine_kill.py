@@ -3,9 +3,10 @@
 Every rank runs torus all-reduces in a tf.function loop. The victim kills itself with SIGKILL
 (from a timer thread, so mid-collective) `--kill_after` seconds into the loop, or before its first
 collective with --kill_before_first (its peers then wait in a collective nobody else joins).
-A survivor prints "[rank r] FAILED after <s>s: <message>" (seconds since the loop began, or
-since the first collective when that failed) and exits 3; one that finishes the loop
-exits 0 (a test failure: it should have noticed).
+A survivor prints "[rank r] FAILED after <s>s (<i>s since init): <message>" (seconds since the
+loop began, or since the first collective when that failed; and since before tftorus.init(), where
+the peer health monitor's clock starts) and exits 3; one that finishes the loop exits 0 (a test
+failure: it should have noticed).
 """
 import argparse
 import os
@@ -27,6 +28,7 @@ parser.add_argument("--stop", action="store_true",
 parser.add_argument("--loop_seconds", type=float, default=120.0)
 opts = parser.parse_args()
 
+began = time.monotonic()  # the peer health monitor starts inside init() and counts from there
 tftorus.init(engine="tf", collective_timeout=opts.timeout)
 
 import tensorflow as tf  # noqa: E402
@@ -63,7 +65,8 @@ def main():
             steps += 1
     except CollectiveError as e:
         since = time.monotonic() - (traced if start is None else start)
-        print(f"[rank {rank}] FAILED after {since:.1f}s ({steps} steps): {e}",
+        print(f"[rank {rank}] FAILED after {since:.1f}s ({time.monotonic() - began:.1f}s since "
+              f"init, {steps} steps): {e}",
               flush=True)
         sys.stdout.flush()
         os._exit(3)  # not sys.exit: nothing left to clean up that could wait for the dead peer
