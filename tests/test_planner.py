@@ -5,7 +5,9 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import unittest
+import unittest.mock
 
 from tftorus import cost_model as cm
 from tftorus import link_probe, planner
@@ -253,6 +255,53 @@ class ProbeFitTest(unittest.TestCase):
         t = [link_probe.Timing("intra", 4, 1024, 1e-3)]
         with self.assertRaises(planner.PlanError):
             link_probe.fit(t, 4)
+
+
+class QuotaStallTest(unittest.TestCase):
+    """A CPU quota's stalls, read around the probe: they mark the links and warn once."""
+
+    def _tree(self, files):
+        root = self.enterContext(tempfile.TemporaryDirectory())
+        for path, text in files.items():
+            os.makedirs(os.path.join(root, os.path.dirname(path)), exist_ok=True)
+            with open(os.path.join(root, path), "w") as f:
+                f.write(text)
+        return root
+
+    def test_stalls_summed_over_the_cgroup_and_its_ancestors(self):
+        v1 = self._tree({"cpu,cpuacct/pods/p1/cpu.stat": "nr_periods 10\nnr_throttled 4\n",
+                         "cpu,cpuacct/pods/p1/c1/cpu.stat": "nr_periods 9\nnr_throttled 1\n"})
+        self.assertEqual(link_probe.throttled_periods(
+            "12:cpu,cpuacct:/pods/p1/c1\n3:memory:/elsewhere\n", v1), 5)
+        v2 = self._tree({"a/b/cpu.stat": "usage_usec 5\nnr_periods 3\nnr_throttled 2\n"})
+        self.assertEqual(link_probe.throttled_periods("0::/a/b\n", v2), 2)
+        self.assertIsNone(link_probe.throttled_periods("0::/a/b\n", v2 + "/missing"))
+
+    def test_a_stalled_probe_says_so_and_warns(self):
+        class FourRanks:  # rank 0 of two hosts of two; every rank timed alike
+            size, rank, local_size = 4, 0, 2
+
+            def all_reduce(self, tensor, group):
+                return tensor * (self.size if len(group) == self.size else 1)
+
+            def barrier(self):
+                pass
+
+            def all_ranks(self):
+                return list(range(self.size))
+
+        for counts, stalled in (((0, 0), False), ((0, 3), True), ((None, None), False)):
+            readings = iter(counts)
+            with unittest.mock.patch.object(link_probe, "throttled_periods",
+                                            lambda: next(readings)), \
+                    self.assertLogs(link_probe.logger, "WARNING") as logs:
+                link_probe.logger.warning("marker")  # assertLogs needs one record
+                got = link_probe.probe(FourRanks(), 2)
+            warned = [r for r in logs.output if "CPU quota" in r]
+            self.assertEqual(bool(warned), stalled, logs.output)
+            self.assertEqual("stalled 4 of 4 ranks" in got.source, stalled, got.source)
+            if stalled:
+                self.assertIn("TFTORUS_LINKS", warned[0])
 
 
 class ProbeJobTest(unittest.TestCase):

@@ -17,14 +17,24 @@ Each level runs a small and a large all-reduce (`SMALL_BYTES`, `LARGE_BYTES`), a
 call's fixed cost spread over its steps) and beta (with the summing folded in). Every rank's
 timings are averaged over the world before the fit, so every rank fits the same links and plans
 the same. On one host nothing is probed: the planner keeps the engine's own all-reduce there.
+
+The timings assume a steady CPU. A CPU quota (a container's CPU limit: the kernel runs the job
+until each period's share is spent, then stalls it) makes calls of milliseconds measure the
+stalls instead, and the links fitted from them can be off many times over (measured:
+docs/studies/planner.md). So the probe reads the quota's stall count around itself and, where a
+rank was stalled, says so in the links' source and in a warning naming TFTORUS_LINKS.
 """
 import dataclasses
+import logging
+import os
 import statistics
 import time
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 from tftorus import cost_model as cm
-from tftorus.planner import Links, PlanError
+from tftorus.planner import LINKS_ENV, Links, PlanError
+
+logger = logging.getLogger(__name__)
 
 SMALL_BYTES = 4 << 10
 LARGE_BYTES = 2 << 20
@@ -79,6 +89,46 @@ def fit(timings: Sequence[Timing], local_size: int, source: str = "measured") ->
     return Links(intra=intra, inter=inter, lanes=lanes, source=source)
 
 
+def _cgroup_dirs(proc_cgroup: str, root: str) -> List[str]:
+    """The cpu controller's directories of this process' cgroup and its ancestors, under the
+    cgroup mount `root` (v1: root/cpu[,cpuacct]/path; v2: root/path)."""
+    dirs = []
+    for line in proc_cgroup.splitlines():
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        names = [c for c in controllers.split(",") if c]
+        if names and "cpu" not in names:
+            continue
+        bases = ([os.path.join(root, controllers), os.path.join(root, "cpu"),
+                  os.path.join(root, "cpu,cpuacct")] if names else [root])
+        parts = [p for p in path.strip().split("/") if p]
+        for base in dict.fromkeys(bases):
+            for depth in range(len(parts), -1, -1):
+                dirs.append(os.path.join(base, *parts[:depth]))
+    return dirs
+
+
+def throttled_periods(proc_cgroup: Optional[str] = None, root: str = "/sys/fs/cgroup"
+                      ) -> Optional[int]:
+    """How many periods a CPU quota has stalled this process' cgroup or an ancestor so far (the
+    `nr_throttled` of their cpu.stat, summed); None where no cpu.stat can be read."""
+    if proc_cgroup is None:
+        try:
+            with open("/proc/self/cgroup") as f:
+                proc_cgroup = f.read()
+        except OSError:
+            return None
+    total, found = 0, False
+    for directory in dict.fromkeys(_cgroup_dirs(proc_cgroup, root)):
+        try:
+            with open(os.path.join(directory, "cpu.stat")) as f:
+                stat = dict(line.split()[:2] for line in f if len(line.split()) >= 2)
+        except OSError:
+            continue
+        if "nr_throttled" in stat:
+            total, found = total + int(stat["nr_throttled"]), True
+    return total if found else None
+
+
 def probe(comm, local_size: int) -> Links:
     """Time the three levels on `comm` (every rank calls it, eagerly, at the same point) and
     fit the links; the same Links on every rank. Needs hosts of `local_size` ranks, 2+ hosts."""
@@ -95,6 +145,7 @@ def probe(comm, local_size: int) -> Links:
     plan = [("intra", row, True), ("inter-alone", col, rank % local_size == 0),
             ("inter-all", col, True)]
     seconds = []
+    stalls_before = throttled_periods()
     for level, group, takes_part in plan:
         for nbytes in (SMALL_BYTES, LARGE_BYTES):
             if len(group) < 2 or (level == "intra" and local_size < 2):
@@ -110,9 +161,16 @@ def probe(comm, local_size: int) -> Links:
                     runs.append(time.perf_counter() - start)
             seconds.append(statistics.median(runs) if runs else 0.0)
             comm.barrier()  # the levels one at a time, every rank between them
-    # What each level took, averaged over the ranks that ran it: the same on every rank.
-    mine = np.array(seconds + [1.0 if rank % local_size == 0 else 0.0], np.float64)
+    stalls_after = throttled_periods()
+    stalled = (stalls_before is not None and stalls_after is not None
+               and stalls_after > stalls_before)
+    # What each level took, averaged over the ranks that ran it, and how many ranks a quota
+    # stalled: the same on every rank.
+    mine = np.array(seconds + [1.0 if rank % local_size == 0 else 0.0, float(stalled)],
+                    np.float64)
     summed = comm.all_reduce(tf.constant(mine), comm.all_ranks()).numpy()
+    stalled_ranks = int(round(summed[-1]))
+    summed = summed[:-1]
     takers = {"intra": size, "inter-alone": summed[-1], "inter-all": size}
     timings, i = [], 0
     for level, group, _ in plan:
@@ -120,4 +178,15 @@ def probe(comm, local_size: int) -> Links:
             if summed[i] > 0:
                 timings.append(Timing(level, len(group), nbytes, summed[i] / takers[level]))
             i += 1
-    return fit(timings, local_size)
+    if not stalled_ranks:
+        return fit(timings, local_size)
+    links = fit(timings, local_size, source=f"measured while a CPU quota stalled {stalled_ranks} "
+                                            f"of {size} ranks")
+    if rank == 0:
+        logger.warning(
+            "tftorus: a CPU quota (cgroup cpu.max / cpu.cfs_quota_us) stalled %d of %d ranks "
+            "during the link probe, so its timings hold the stalls and the plan may be far from "
+            "the best. Give the links instead: %s='intra=<latency>@<bandwidth>,inter=...' (the "
+            "probe's line from a run without the quota prints it), or raise the quota.",
+            stalled_ranks, size, LINKS_ENV)
+    return links

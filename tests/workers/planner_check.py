@@ -78,7 +78,7 @@ def main():
     if local < size:  # several hosts: init() probed
         links = context.links()
         checks += 1
-        if links is None or links.source != "measured":
+        if links is None or not links.source.startswith("measured"):
             failures.append(f"init() on {size // local} hosts left no measured links: {links}")
             report.finish(rank, checks, failures, what="planner: ")
         seconds = None
