@@ -273,6 +273,8 @@ class QuotaStallTest(unittest.TestCase):
                          "cpu,cpuacct/pods/p1/c1/cpu.stat": "nr_periods 9\nnr_throttled 1\n"})
         self.assertEqual(link_probe.throttled_periods(
             "12:cpu,cpuacct:/pods/p1/c1\n3:memory:/elsewhere\n", v1), 5)
+        os.symlink(os.path.join(v1, "cpu,cpuacct"), os.path.join(v1, "cpu"))  # counted once
+        self.assertEqual(link_probe.throttled_periods("12:cpu,cpuacct:/pods/p1/c1\n", v1), 5)
         v2 = self._tree({"a/b/cpu.stat": "usage_usec 5\nnr_periods 3\nnr_throttled 2\n"})
         self.assertEqual(link_probe.throttled_periods("0::/a/b\n", v2), 2)
         self.assertIsNone(link_probe.throttled_periods("0::/a/b\n", v2 + "/missing"))
@@ -290,18 +292,19 @@ class QuotaStallTest(unittest.TestCase):
             def all_ranks(self):
                 return list(range(self.size))
 
-        for counts, stalled in (((0, 0), False), ((0, 3), True), ((None, None), False)):
+        def probe_reading(*counts):
             readings = iter(counts)
             with unittest.mock.patch.object(link_probe, "throttled_periods",
-                                            lambda: next(readings)), \
-                    self.assertLogs(link_probe.logger, "WARNING") as logs:
-                link_probe.logger.warning("marker")  # assertLogs needs one record
-                got = link_probe.probe(FourRanks(), 2)
-            warned = [r for r in logs.output if "CPU quota" in r]
-            self.assertEqual(bool(warned), stalled, logs.output)
-            self.assertEqual("stalled 4 of 4 ranks" in got.source, stalled, got.source)
-            if stalled:
-                self.assertIn("TFTORUS_LINKS", warned[0])
+                                            lambda: next(readings)):
+                return link_probe.probe(FourRanks(), 2)
+
+        for steady in ((0, 0), (7, 7), (None, None)):  # no stall, or no cpu.stat to read
+            with self.assertNoLogs(link_probe.logger, "WARNING"):
+                self.assertEqual(probe_reading(*steady).source, "measured")
+        with self.assertLogs(link_probe.logger, "WARNING") as logs:
+            got = probe_reading(0, 3)
+        self.assertEqual(got.source, "measured while a CPU quota stalled 4 of 4 ranks")
+        self.assertIn("TFTORUS_LINKS", logs.output[0])
 
 
 class ProbeJobTest(unittest.TestCase):

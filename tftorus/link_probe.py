@@ -118,7 +118,8 @@ def throttled_periods(proc_cgroup: Optional[str] = None, root: str = "/sys/fs/cg
         except OSError:
             return None
     total, found = 0, False
-    for directory in dict.fromkeys(_cgroup_dirs(proc_cgroup, root)):
+    # v1's cpu and cpu,cpuacct are often one directory under two names: count it once
+    for directory in dict.fromkeys(os.path.realpath(d) for d in _cgroup_dirs(proc_cgroup, root)):
         try:
             with open(os.path.join(directory, "cpu.stat")) as f:
                 stat = dict(line.split()[:2] for line in f if len(line.split()) >= 2)
