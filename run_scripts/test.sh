@@ -18,9 +18,9 @@
 # keeps .venv-current. A current-stack run that collects no test fails; one whose tier holds none
 # of its tests (say --slow) passes, saying so.
 #
-# CI (.ci/run) runs --all. Measured on 2 cores from a fresh clone (2026-11-28, ee332da, the main
-# job at 498 images/s): --all on both stacks 32.4 min with set-up (current 14.6 min of tests,
-# classic 16.7); the default tier 9.1 min with set-up done (987abf4, 442 images/s);
+# CI (.ci/run) runs --all. Measured on 2 cores from a fresh clone (2026-11-28, 0e60207, the main
+# job at 482 images/s): --all on both stacks 33.0 min with set-up (current 14.7 min of tests,
+# classic 17.3); the default tier 9.1 min with set-up done (987abf4, 442 images/s);
 # --quick about a minute per stack.
 set -uo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
