@@ -3,11 +3,11 @@ and both on real worlds: two loopback "hosts" on the tf engine, one host on Horo
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
 import unittest
-import unittest.mock
 
 from tftorus import cost_model as cm
 from tftorus import link_probe, planner
@@ -279,49 +279,29 @@ class QuotaStallTest(unittest.TestCase):
         self.assertEqual(link_probe.throttled_periods("0::/a/b\n", v2), 2)
         self.assertIsNone(link_probe.throttled_periods("0::/a/b\n", v2 + "/missing"))
 
-    def test_a_stalled_probe_says_so_and_warns(self):
-        class FourRanks:  # rank 0 of two hosts of two; every rank timed alike
-            size, rank, local_size = 4, 0, 2
-
-            def all_reduce(self, tensor, group):
-                return tensor * (self.size if len(group) == self.size else 1)
-
-            def barrier(self):
-                pass
-
-            def all_ranks(self):
-                return list(range(self.size))
-
-        def probe_reading(*counts):
-            readings = iter(counts)
-            with unittest.mock.patch.object(link_probe, "throttled_periods",
-                                            lambda: next(readings)):
-                return link_probe.probe(FourRanks(), 2)
-
-        for steady in ((0, 0), (7, 7), (None, None)):  # no stall, or no cpu.stat to read
-            with self.assertNoLogs(link_probe.logger, "WARNING"):
-                self.assertEqual(probe_reading(*steady).source, "measured")
-        with self.assertLogs(link_probe.logger, "WARNING") as logs:
-            got = probe_reading(0, 3)
-        self.assertEqual(got.source, "measured while a CPU quota stalled 4 of 4 ranks")
-        self.assertIn("TFTORUS_LINKS", logs.output[0])
-
 
 class ProbeJobTest(unittest.TestCase):
     def test_tf_engine_two_hosts_probe_plan_and_sum(self):
         """Four ranks as two hosts of two (127.0.0.1, 127.0.0.2): init() probes, every rank
-        plans alike, the planned all-reduce equals NumPy's sum."""
+        plans alike, the planned all-reduce equals NumPy's sum. Rank 3 reads a CPU quota's
+        stalls during the probe: every rank's links say so, and rank 0 warns."""
         ports = harness.free_ports(4)
         workers = [f"127.0.0.{1 + i // 2}:{p}" for i, p in enumerate(ports)]
         result = harness.run_ranks(
             [harness.worker("planner_check.py")], 4,
             lambda i: {"TF_CONFIG": json.dumps({"cluster": {"worker": workers},
                                                 "task": {"type": "worker", "index": i}}),
-                       "TFTORUS_ENGINE": "tf"}, timeout=240)
+                       "TFTORUS_ENGINE": "tf", "PLANNER_CHECK_STALLED_TASK": "3"}, timeout=240)
         self.assertEqual(result.returncode, 0, harness.describe(result))
         self.assertEqual(result.output.count("planner: 12 checks, 0 failed"), 4,
                          harness.describe(result))
         self.assertIn("plan tftorus: grid", result.output)
+        self.assertEqual(len(re.findall(r"\[rank \d\] links measured while a CPU quota stalled "
+                                        r"1 of 4 ranks", result.output)), 4,
+                         harness.describe(result))
+        self.assertEqual(result.output.count("tftorus: a CPU quota (cgroup cpu.max / "
+                                             "cpu.cfs_quota_us) stalled 1 of 4 ranks"), 1,
+                         harness.describe(result))
 
     @unittest.skipUnless(harness.HOROVOD, "Horovod's engine: the classic stack")
     def test_horovod_engine_two_hosts_probe_plan_and_sum(self):

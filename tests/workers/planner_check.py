@@ -10,7 +10,13 @@ the probe must have taken under 2 s, and a planned all-reduce (buckets, chunks a
 from the plan) must equal the float64 NumPy sum. On one host nothing is probed at init (there is
 nothing to plan), so the worker runs the probe itself as if its ranks sat on hosts of two, and
 checks the same agreement and time.
+
+PLANNER_CHECK_STALLED_TASK=k: the TF_CONFIG task k reads a CPU quota's stall count that grows
+during the probe (as under a container's CPU limit, which this machine has not), so every rank's
+links must say that 1 of the world's ranks was stalled (the count is summed over the world).
 """
+import itertools
+import json
 import os
 import time
 
@@ -70,7 +76,16 @@ def _fit_replans(rank: int):
     return out
 
 
+def _stall_this_task() -> None:
+    stalled = os.environ.get("PLANNER_CHECK_STALLED_TASK")
+    task = json.loads(os.environ.get("TF_CONFIG") or "{}").get("task", {}).get("index")
+    if stalled is not None and str(task) == stalled:
+        stalls = itertools.count()
+        link_probe.throttled_periods = lambda: next(stalls)  # read before and after the probe
+
+
 def main():
+    _stall_this_task()
     tftorus.init(engine=os.environ.get("TFTORUS_ENGINE") or None)
     comm = context.communicator()
     rank, size, local = comm.rank, comm.size, comm.local_size
