@@ -23,7 +23,7 @@ CLASSIC = [
 ]
 # what the current stack adds: TensorFlow no longer brings TensorBoard since 2.20, and the
 # trainer writes its scalars with tf.summary; cloudpickle, as Horovod's broadcast_object and
-# allgather_object take lambdas and local functions (tftorus/horovod_objects.py)
+# allgather_object take lambdas and local functions (tftorus/horovod_api/functions.py)
 CURRENT = [f"tensorboard~={CURRENT_TF_VERSION.rsplit('.', 1)[0]}.0", "cloudpickle"]
 
 setup(

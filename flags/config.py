@@ -142,7 +142,7 @@ def define_flags():
     d.DEFINE_float("lr_scale", None, "multiply the LR schedule; default 1 / --batch_divisor "
                    "(the paper's values at the paper's batches)")
     d.DEFINE_enum("algorithm", "auto", ["auto", "torus", "ring", "hierarchical"],
-                  "gradient all-reduce (auto: by topology and size, see tftorus.algorithms.choose)")
+                  "gradient all-reduce (auto: by topology and size, see tftorus.torus.algorithms.choose)")
     d.DEFINE_enum("engine", None, ["horovod", "tf"],
                   "collectives under the all-reduce: Horovod process sets, or TensorFlow's own "
                   "collective ops (also on TF_CONFIG clusters without horovodrun). Default: "
@@ -185,11 +185,11 @@ def resolve_run(fv=None) -> RunSpec:
 
 
 def resolve_engine(engine: Optional[str]) -> str:
-    """--engine, or the stack's default (tftorus.stack.DEFAULT_ENGINE: horovod on the classic
+    """--engine, or the stack's default (tftorus.runtime.stack.DEFAULT_ENGINE: horovod on the classic
     stack, tf on the current one); horovod where Horovod is not installed fails in one line."""
     if engine == "tf":
         return engine
-    from tftorus import stack  # here: importing tftorus starts TensorFlow
+    from tftorus.runtime import stack  # here: importing tftorus starts TensorFlow
     engine = engine or stack.DEFAULT_ENGINE
     if engine == "horovod" and not stack.HOROVOD:
         raise ValueError(str(stack.horovod_required(
@@ -254,7 +254,7 @@ def resolve(fv=None) -> TrainConfig:
     lr_scale = 1.0 / fv.batch_divisor if fv.lr_scale is None else fv.lr_scale
     engine = resolve_engine(fv.engine)
     if str(fv.grid).strip().lower() not in ("auto", "paper"):
-        from tftorus.grid import grid_shape  # here: importing tftorus starts TensorFlow
+        from tftorus.torus.grid import grid_shape  # here: importing tftorus starts TensorFlow
         grid_shape(fv.grid)  # malformed: now; whether it fits the world: at tftorus.init()
     return TrainConfig(
         exp=key if key in ("1", "2", "3", "4") else "ref", lr_config=lr_config,

@@ -141,7 +141,7 @@ def main(argv: List[str]) -> int:
         print("error: run_experiment.py sets -np per phase; leave it out of the options after "
               "`--`", file=sys.stderr)
         return 2
-    from tftorus import stack  # here: it imports TensorFlow
+    from tftorus.runtime import stack  # here: it imports TensorFlow
     define_flags()
     absl_flags.FLAGS([argv[0], *train_args])
     try:

@@ -21,8 +21,9 @@ from absl import logging as absl_logging
 
 if __name__ == "__main__":  # before TensorFlow's threads start, so they inherit the mask
     import signal  # noqa: E402
-    # The launcher's SIGTERM reaches tftorus.watchdog.handle_termination's thread (a Python
-    # handler never runs while the main thread is blocked in a TF op).
+
+    # The launcher's SIGTERM reaches tftorus.reliability.watchdog.handle_termination's thread (a
+    # Python handler never runs while the main thread is blocked in a TF op).
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
     if any(a in ("--plan_only", "--plan_only=true", "--plan_only=True") for a in sys.argv[1:]):
         # A plan is for reading: without TensorFlow's start-up notices (oneDNN, CPU features),
@@ -34,8 +35,8 @@ from flags.config import define_flags, resolve_run  # noqa: E402
 from official_resnet.data import input_pipeline  # noqa: E402
 from official_resnet.run import trainer
 from official_resnet.run.run_state import NonFiniteLossError  # noqa: E402
-from tftorus import watchdog  # noqa: E402
-from tftorus.tf_collective_engine import CollectiveError, translate_errors  # noqa: E402
+from tftorus.engines.tf_engine import CollectiveError, translate_errors  # noqa: E402
+from tftorus.reliability import watchdog  # noqa: E402
 
 define_flags()
 FLAGS = absl_flags.FLAGS

@@ -35,7 +35,7 @@ collective runtime (tftorus.init(engine='tf', with_horovod=True)) and time:
   torus-tf-nochunks   torus-tf without the chunk pipeline
   torus-tf-chunks<K>  torus-tf with each fused buffer forced into K chunks (--chunks)
   planned, planned-tf  tftorus' default on each engine: algorithm 'auto', buckets, chunks and
-           algorithm per bucket from the planner (tftorus/planner.py) and the links init()
+           algorithm per bucket from the planner (tftorus/planning/planner.py) and the links init()
            measured (jobs of two hosts or more), not --fusion-threshold-mb
   mwms     tf.distribute.MultiWorkerMirroredStrategy's own all-reduce path (its
            CollectiveReplicaLauncher, RING, one pack, a fresh instance key per call)
@@ -200,16 +200,16 @@ class Setup(NamedTuple):
 
 def start_tftorus(grid_spec, fusion_bytes: int, engines: Sequence[str]) -> Setup:
     import tftorus
-    from tftorus import context
+    from tftorus.runtime import process_state
     if "tf" in engines:  # before any other TF call: TF joins its cluster when it starts
         tftorus.init(grid=grid_spec, engine="tf", with_horovod=True)
     else:
         tftorus.init(grid=grid_spec)
-    comm = context.communicator("horovod")
+    comm = process_state.communicator("horovod")
     native = copy.copy(comm)  # shares the process sets; only the reduce-scatter differs
     native.reduce_scatter_impl = "native"
-    tf_comm = context.communicator("tf") if "tf" in engines else None
-    return Setup(comm, native, context.default_grid(), fusion_bytes, tf_comm)
+    tf_comm = process_state.communicator("tf") if "tf" in engines else None
+    return Setup(comm, native, process_state.default_grid(), fusion_bytes, tf_comm)
 
 
 _MWMS = {}  # one launcher per process, as one strategy has: its instance keys never repeat
@@ -239,6 +239,7 @@ def graph(fn):
 
 def compressions(name: str):
     import horovod.tensorflow as hvd
+
     import tftorus
     return {"none": (hvd.Compression.none, tftorus.Compression.none),
             "fp16": (hvd.Compression.fp16, tftorus.Compression.fp16)}[name]
@@ -247,6 +248,7 @@ def compressions(name: str):
 def variant_fns(setup: Setup, workload: Workload, chunks: int) -> Dict[str, Callable]:
     """name -> tf.function(list of tensors) for the all-reduce variants of one workload."""
     import horovod.tensorflow as hvd
+
     import tftorus
     hvd_comp, torus_comp = compressions(workload.compression)
 
@@ -290,7 +292,8 @@ def variant_fns(setup: Setup, workload: Workload, chunks: int) -> Dict[str, Call
 def phase_fns(setup: Setup, workload: Workload, tensors) -> Dict[str, tuple]:
     """name -> (tf.function, its inputs) for each step the torus variant takes, on its own."""
     import tensorflow as tf
-    from tftorus import fusion
+
+    from tftorus.torus import fusion
     _, comp = compressions(workload.compression)
     comm, native, grid = setup.comm, setup.native, setup.grid
     row, col = grid.row_group(comm.rank), grid.col_group(comm.rank)
@@ -358,9 +361,10 @@ def run_fn(fn, inputs) -> list:
 
 
 def run_once(fn, inputs) -> float:
-    from tftorus import context
+    from tftorus.runtime import process_state
+
     # Horovod's barrier whatever --engines says, so the line-up is the same in every run
-    context.communicator("horovod").barrier()
+    process_state.communicator("horovod").barrier()
     start = time.perf_counter()
     run_fn(fn, inputs)
     return time.perf_counter() - start
@@ -493,6 +497,7 @@ def bench_workload(setup: Setup, workload: Workload, args) -> List[Row]:
 
 def worker(args) -> None:
     import logging
+
     import horovod.tensorflow as hvd
     logging.basicConfig(format="%(message)s")  # tftorus' plan and links, from rank 0 only
     logging.getLogger("tftorus").setLevel(logging.INFO)

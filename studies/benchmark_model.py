@@ -72,7 +72,7 @@ from official_resnet.data.embedded_data import EmbeddedSpec  # noqa: E402
 from official_resnet.model.keras_generation import KERAS  # noqa: E402
 from official_resnet.model.network import resnet  # noqa: E402
 from official_resnet.plan.experiments import EXPERIMENTS  # noqa: E402
-from tftorus import stack  # noqa: E402
+from tftorus.runtime import stack  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAIN_JOB_FLAGS = os.path.join(REPO, "run_scripts", "embedded.flags")

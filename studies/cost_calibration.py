@@ -1,4 +1,4 @@
-"""What the cost model (tftorus/cost_model.py) is calibrated with and checked against.
+"""What the cost model (tftorus/planning/cost_model.py) is calibrated with and checked against.
 
 Only the studies use this (studies/scale_model.py; docs/studies/scale.md), so it lives here
 rather than in the library, which needs only the model itself:
@@ -16,9 +16,9 @@ from typing import Iterable, Optional, Sequence, Tuple
 
 import numpy as np
 
-from tftorus.cost_model import (PARAM_NAMES, RESNET50_PARAMS, CostModel, Link, Params, Phase,
-                                grid_for_algorithm)
-from tftorus.grid import TorusGrid
+from tftorus.planning.cost_model import (PARAM_NAMES, RESNET50_PARAMS, CostModel, Link, Params,
+                                         Phase, grid_for_algorithm)
+from tftorus.torus.grid import TorusGrid
 
 #: Each parameter's unit, for the fit's report.
 PARAM_UNITS = {"alpha_intra": "s/message", "beta_intra": "s/byte", "alpha_inter": "s/message",

@@ -4,9 +4,9 @@
     .venv/bin/python -m studies.elastic_step --repeats 5 --wires fp16 fp32
 
 An elastic job carries the torus' rows and columns on Horovod's global set (an all-to-all with
-a split per rank; tftorus/global_set_engine.py says why), a fixed one on process sets. This runs
-the timing worker of studies/emulated_step (model.fit steps of Keras' ResNet-50, the variants
-side by side in the same processes) twice on this machine, as two local hosts of 2 ranks
+a split per rank; tftorus/engines/horovod_elastic_engine.py says why), a fixed one on process sets.
+This runs the timing worker of studies/emulated_step (model.fit steps of Keras' ResNet-50, the
+variants side by side in the same processes) twice on this machine, as two local hosts of 2 ranks
 ('localhost' and '127.0.0.1'): under `horovodrun` with a fixed world, then under its elastic
 driver (`--min-np 4 --max-np 4`), where no worker comes or goes. Each table's step/hvd is
 against Horovod's DistributedOptimizer in the same launch; Horovod's own steps are the same

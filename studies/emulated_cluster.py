@@ -326,11 +326,11 @@ def byte_limit(hosts: int, ranks_per_host: int, links: int = 1) -> float:
 
 def model_ms(algorithm: str, hosts: int, ranks_per_host: int, link_gbit: float, links: int,
              nbytes: float) -> float:
-    """The cost model's time for the bytes across the host links alone (tftorus.cost_model with
+    """The cost model's time for the bytes across the host links alone (tftorus.planning.cost_model with
     only inter-host beta: no latency, no intra-host or CPU cost): a floor to set each
     measurement beside. A rank is bound to one rail when a host has several links."""
-    from tftorus import cost_model as cm
-    from tftorus.grid import TorusGrid
+    from tftorus.planning import cost_model as cm
+    from tftorus.torus.grid import TorusGrid
     params = cm.Params(intra=cm.Link(0.0, 0.0), inter=cm.Link(0.0, 8 / (link_gbit * 1e9)))
     topology = cm.Topology(ranks_per_host, nics_per_host=links,
                            nics_per_rank=1 if links > 1 else None)

@@ -53,8 +53,8 @@ overlap; studies/gradient_readiness.py gives the other bound, when the buckets a
 Needs root; exits 77 where namespaces cannot be made. The CSV (default
 /tmp/tftorus_step/steps.csv) is not for the repository.
 
-On the current stack (TensorFlow >= 2.16, Keras 3, no Horovod; tftorus/stack.py tells) the peer
-is tf.distribute.MultiWorkerMirroredStrategy, and no rank is started by horovodrun: each gets a
+On the current stack (TensorFlow >= 2.16, Keras 3, no Horovod; tftorus/runtime/stack.py tells) the
+peer is tf.distribute.MultiWorkerMirroredStrategy, and no rank is started by horovodrun: each gets a
 TF_CONFIG naming every rank at its host's address (emulated_cluster.launch_tf_config).
 
   mwms      the model built and compiled in MultiWorkerMirroredStrategy's scope, plain SGD with
@@ -119,12 +119,12 @@ def topology(text: str):
 
 
 # ==================================================================================================
-# The stacks: the one place this study asks which one it runs on (tftorus/stack.py answers)
+# The stacks: the one place this study asks which one it runs on (tftorus/runtime/stack.py answers)
 # ==================================================================================================
 
 def horovod_here() -> bool:
     """True on the classic stack (Horovod, Keras 2), False on the current one (Keras 3)."""
-    from tftorus import stack
+    from tftorus.runtime import stack
     return stack.HOROVOD
 
 
@@ -134,7 +134,7 @@ def peer_of(horovod: bool) -> str:
 
 
 def parse_args(argv=None, horovod=None):
-    """`horovod`: the stack (None: ask tftorus/stack.py); it sets the variants and the peer."""
+    """`horovod`: the stack (None: ask tftorus.runtime.stack); it sets the variants and the peer."""
     horovod = horovod_here() if horovod is None else horovod
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--clusters", nargs="+", type=topology, default=[(1, 4), (2, 2), (2, 4)])
@@ -227,7 +227,7 @@ def runtime(tf):
                                                        op=hvd_tf.Max, name="slowest")),
                 lambda seconds: float(hvd_tf.allreduce(tf.constant(seconds, tf.float64),
                                                        op=hvd_tf.Sum, name="total")))
-    from tftorus import world
+    from tftorus.runtime import world
     rank, size = world.rank(), world.size()
     return (rank, lambda: world.allreduce_sum(tf.constant(0.0)),
             lambda seconds: largest(world.allreduce_sum, rank, size, seconds, tf),
@@ -304,8 +304,9 @@ def torus_worker(args) -> None:
         from studies import step_timeline
         clock_at_init = step_timeline.epoch_minus_perf()
     import tensorflow as tf
+
     import tftorus.keras
-    from tftorus import reduction
+    from tftorus.runtime import reduction
 
     rank, line_up, slowest, total = runtime(tf)
     hvd_keras = None

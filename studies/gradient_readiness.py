@@ -7,7 +7,7 @@
 One process, no collectives: Keras' ResNet-50 (as studies/emulated_step.py trains it: 32 x 32
 images, 10 classes, SGD with momentum) takes training steps in a tf.function, and clocks
 inside the step say when the forward pass ends and when each of tftorus' buckets (the plan
-tftorus.fusion makes for the wire's dtype and --fusion-mb) has every gradient it holds.
+tftorus.torus.fusion makes for the wire's dtype and --fusion-mb) has every gradient it holds.
 A bucket's collectives can start no earlier: inside a graph they depend on nothing else.
 
 The printout is the step's shape and what it allows. A data-parallel step runs the previous
@@ -38,7 +38,7 @@ def parse_args(argv=None):
     p.add_argument("--wire", choices=("fp16", "fp32"), default="fp16",
                    help="the dtype the buckets are planned in (tftorus' FP16 compression)")
     p.add_argument("--fusion-mb", type=float, default=None,
-                   help="tftorus' bucket size (default: tftorus.fusion's)")
+                   help="tftorus' bucket size (default: tftorus.torus.fusion's)")
     p.add_argument("--threads", type=int, default=1, help="intra-op threads (0: TF's default)")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
@@ -56,7 +56,8 @@ def parse_args(argv=None):
 def bucket_plan(variables, wire, threshold_bytes: int):
     """tftorus' buckets of these variables' gradients on the wire's dtype, in ready order."""
     import tensorflow as tf
-    from tftorus import fusion
+
+    from tftorus.torus import fusion
     specs = [tf.TensorSpec(v.shape, wire) for v in variables]
     return fusion.plan_buckets(specs, threshold_bytes)
 
@@ -143,7 +144,8 @@ def main(argv=None) -> int:
         os.environ["TF_NUM_INTRAOP_THREADS"] = str(args.threads)
     import numpy as np
     import tensorflow as tf
-    from tftorus import fusion
+
+    from tftorus.torus import fusion
     if args.threads:
         tf.config.threading.set_intra_op_parallelism_threads(args.threads)
     tf.keras.utils.set_random_seed(0)

@@ -1,4 +1,4 @@
-"""The planner (tftorus/planner.py) judged by the simulator (studies/simulated_cluster.py).
+"""The planner (tftorus/planning/planner.py) judged by the simulator (studies/simulated_cluster.py).
 
     python -m studies.planner_sweep             # ABCI and a rail-optimized H100 cluster, ~2 min
     python -m studies.planner_sweep --quick     # 64 and 256 GPUs, FP16, compact only
@@ -68,10 +68,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from studies import cost_calibration as calib
 from studies import simulated_cluster as sc
 from studies import step_profile
-from tftorus import cost_model as cm
-from tftorus import link_probe, planner
-from tftorus.fusion import bucket_indices
-from tftorus.grid import PAPER_GRIDS, TorusGrid, divisors, hierarchical_grid, plan_grid
+from tftorus.planning import cost_model as cm
+from tftorus.planning import link_probe, planner
+from tftorus.torus.fusion import bucket_indices
+from tftorus.torus.grid import PAPER_GRIDS, TorusGrid, divisors, hierarchical_grid, plan_grid
 
 MIB = 1 << 20
 LOW_BYTES, HIGH_BYTES = 1 * MIB, 64 * MIB
@@ -292,7 +292,8 @@ def fixed_rule_chunks(grid: TorusGrid, local_size: int, nbytes: int, wire: str,
                       engine: planner.Engine) -> int:
     """algorithms.pipeline_chunks' rule (the tf engine sums FP32 columns in rank order)."""
     import tensorflow as tf
-    from tftorus import algorithms
+
+    from tftorus.torus import algorithms
     comm = SimpleNamespace(local_size=local_size, size=grid.size,
                            concurrent_groups=engine.concurrent_groups, rank_ordered_sums=True)
     dtype = {"fp16": tf.float16, "fp32": tf.float32}[wire]
@@ -537,7 +538,7 @@ STEP_VARIANTS = {"default": "first steps (no profile yet)",
 
 
 def measured_profile(profile: planner.StepProfile) -> planner.StepProfile:
-    """The profile as tftorus/readiness.py's clocks give it at run time: ready times after the
+    """The profile as tftorus/runtime/gradient_readiness.py's clocks give it at run time: ready times after the
     first gradient's, the backward pass first to last gradient."""
     first = min(profile.ready)
     return planner.StepProfile(tuple(r - first for r in profile.ready),

@@ -29,8 +29,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from studies import cost_calibration as cal
-from tftorus import cost_model as cm
-from tftorus.grid import PAPER_GRIDS, GridError, TorusGrid, parse_grid, plan_grid
+from tftorus.planning import cost_model as cm
+from tftorus.torus.grid import PAPER_GRIDS, GridError, TorusGrid, parse_grid, plan_grid
 
 PAPER_SIZES = (4, 1024, 2048, 3456, 4096)
 PLANNER_SIZES = (1024, 2048, 2176, 3456, 4096)

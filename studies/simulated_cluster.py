@@ -17,7 +17,7 @@ bindings come from Debian's python3-simgrid (run_scripts/setup.sh installs it wh
 dist-packages (whose numpy would shadow the venv's).
 
 What SimGrid does here: the flows. A collective is a sequence of phases (the cost model's:
-tftorus/cost_model.py); a phase is a ring collective run by all its groups at once, k-1 or
+tftorus/planning/cost_model.py); a phase is a ring collective run by all its groups at once, k-1 or
 2(k-1) steps in which every member sends one chunk to the next member. Every step of a phase
 moves the same pattern of flows, so the simulator runs *one* step of each phase and bucket with
 all its flows at once (every rank's message, through the NVLink, HCA, rack and spine links the
@@ -52,8 +52,8 @@ import sysconfig
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from studies import cost_calibration as cal
-from tftorus import cost_model as cm
-from tftorus.grid import PAPER_GRIDS, TorusGrid, plan_grid
+from tftorus.planning import cost_model as cm
+from tftorus.torus.grid import PAPER_GRIDS, TorusGrid, plan_grid
 
 DEBIAN_DIST_PACKAGES = "/usr/lib/python3/dist-packages"
 DEFAULT_PNG = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "docs", "img",
@@ -540,11 +540,12 @@ def total(result: List[List[PhaseTime]]) -> float:
 def resnet50_buckets(bytes_per_element: int = 2,
                      threshold: Optional[int] = None) -> List[int]:
     """Byte sizes of the fused buffers tftorus sends for ResNet-50's 214 gradients on a wire of
-    `bytes_per_element` (2: FP16), cut by tftorus.fusion.plan_buckets (16 MiB by default).
+    `bytes_per_element` (2: FP16), cut by tftorus.torus.fusion.plan_buckets (16 MiB by default).
     Builds Keras' ResNet-50 for the shapes (TensorFlow; a study only)."""
     import tensorflow as tf
+
     from studies.benchmark_allreduce import resnet50_shapes
-    from tftorus import fusion
+    from tftorus.torus import fusion
     dtype = {2: tf.float16, 4: tf.float32}[bytes_per_element]
     specs = [tf.TensorSpec(s, dtype) for s in resnet50_shapes()]
     buckets = fusion.plan_buckets(specs, fusion.DEFAULT_THRESHOLD_BYTES if threshold is None
@@ -895,8 +896,10 @@ def chunks_of(grid: TorusGrid, nbytes: float) -> int:
     """How many chunks tftorus' torus cuts a 16-bit bucket into on an engine that runs groups
     at once (the tf engine) in a multi-node world: algorithms.pipeline_chunks' rule."""
     from types import SimpleNamespace
+
     import tensorflow as tf
-    from tftorus import algorithms
+
+    from tftorus.torus import algorithms
     comm = SimpleNamespace(local_size=4, size=grid.size, concurrent_groups=True,
                            rank_ordered_sums=True)
     return algorithms.pipeline_chunks("torus", grid, comm, int(nbytes), dtype=tf.float16)
@@ -1029,6 +1032,7 @@ def plot(png: str, results, effs_sizes: Sequence[int]) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     from studies import scale_model as smod
     fig, ax = plt.subplots(figsize=(7.5, 6.0))
     sizes = [n for n in effs_sizes]

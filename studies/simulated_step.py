@@ -36,10 +36,10 @@ collective):
             all ranks (Gloo). `horovod_responses`.
   default   tftorus' DistributedOptimizer with nothing set: the plan the runtime makes before any
             replan (planner.first_plan on the links the link probe measures, here the simulated
-            probe; the engine as tftorus/reduction.py builds it; the grid as tftorus/context.py
-            picks it: plan_grid at init on Horovod, whose process sets are fixed then, re-planned
-            from the links on the tf engine), its buckets' all-reduces queued by
-            planner.timeline, each from its bucket's ready time (the last of its gradients):
+            probe; the engine as tftorus/runtime/reduction.py builds it; the grid as
+            tftorus/process_state.py picks it: plan_grid at init on Horovod, whose process sets are
+            fixed then, re-planned from the links on the tf engine), its buckets' all-reduces queued
+            by planner.timeline, each from its bucket's ready time (the last of its gradients):
             one collective at a time on the classic stack's Horovod engine, the torus' row and
             column queues on the current stack's tf engine (and on the classic stack's
             `default-tf`, tftorus' tf engine beside Horovod). Where the CSV's run logged its
@@ -81,12 +81,13 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from studies import planner_sweep as ps
 from studies import simulated_cluster as sc
 from studies.virtual_accelerator import CLASSES, layer_profile, readiness, resnet50_layers
-from tftorus import cost_model as cm
-from tftorus import link_probe, planner
-from tftorus.grid import TorusGrid, plan_grid
+from tftorus.planning import cost_model as cm
+from tftorus.planning import link_probe, planner
+from tftorus.torus.grid import TorusGrid, plan_grid
 
 WIRE_BYTES = {"fp16": 2, "fp32": 4}
-WIRE_DTYPES = {"fp16": "float16", "fp32": "float32"}  # tftorus.fusion.tensor_sizes' dtype names
+# tftorus.torus.fusion.tensor_sizes' dtype names
+WIRE_DTYPES = {"fp16": "float16", "fp32": "float32"}
 #: Horovod 0.28.1's defaults: HOROVOD_CYCLE_TIME (ms) and HOROVOD_FUSION_THRESHOLD (bytes).
 HOROVOD_CYCLE_SECONDS = 1e-3
 HOROVOD_FUSION_BYTES = 64 << 20
@@ -433,10 +434,11 @@ def predict_mwms(cluster: SimulatedCluster, tensors, ready, backward_end: float,
 
 def tftorus_engine(cluster: SimulatedCluster, grid: TorusGrid, engine: str,
                    dtypes: Sequence[str]) -> planner.Engine:
-    """planner.Engine as tftorus/reduction.py builds it from the communicator (on CPUs)."""
+    """planner.Engine as tftorus/runtime/reduction.py builds it from the communicator (on CPUs)."""
     import tensorflow as tf
-    from tftorus import algorithms
-    from tftorus.tf_collective_engine import CPU_MAX_BUCKET_BYTES, CPU_MAX_CHUNK_BYTES
+
+    from tftorus.engines.tf_engine import CPU_MAX_BUCKET_BYTES, CPU_MAX_CHUNK_BYTES
+    from tftorus.torus import algorithms
     concurrent = engine == "tf"
     comm = SimpleNamespace(size=cluster.size, local_size=cluster.local_size,
                            concurrent_groups=concurrent, rank_ordered_sums=True)
@@ -451,11 +453,11 @@ def tftorus_engine(cluster: SimulatedCluster, grid: TorusGrid, engine: str,
 
 def tftorus_grid(cluster: SimulatedCluster, engine: str, links: planner.Links) -> TorusGrid:
     """The grid tftorus runs on: plan_grid at init on Horovod (its process sets are fixed
-    then), re-planned from the links on the tf engine (tftorus/context.py)."""
+    then), re-planned from the links on the tf engine (tftorus/process_state.py)."""
     if engine == "horovod":
         return plan_grid(cluster.size, cluster.local_size)
-    from tftorus import context
-    return context._planned_grid(cluster.size, cluster.local_size, links, engine)
+    from tftorus.runtime import process_state
+    return process_state._planned_grid(cluster.size, cluster.local_size, links, engine)
 
 
 def tftorus_plan(cluster: SimulatedCluster, tensors, engine: str,
@@ -463,8 +465,8 @@ def tftorus_plan(cluster: SimulatedCluster, tensors, engine: str,
                  ready: Optional[Sequence[float]] = None) -> Tuple[planner.Plan, planner.Engine]:
     """The plan tftorus runs, as reduction._plan makes it for a training step, on the links
     (default: the simulated probe's) with its own cost model: before replan(), planner.first_plan;
-    after it (`ready` given: what the step's clocks measure, readiness.py), planner.plan with
-    the gradients' ready times after the first one's."""
+    after it (`ready` given: what the step's clocks measure, gradient_readiness.py), planner.plan
+    with the gradients' ready times after the first one's."""
     links = links or cluster.links()
     grid = tftorus_grid(cluster, engine, links)
     caps = tftorus_engine(cluster, grid, engine, sorted({d for _, d in tensors}))

@@ -47,7 +47,7 @@ import functools
 import sys
 from typing import List, Tuple
 
-from tftorus import planner
+from tftorus.planning import planner
 
 #: The paper's compute per step (s): studies.cost_calibration.StepModel's compute_seconds.
 COMPUTE_SECONDS = 0.0482
@@ -164,9 +164,10 @@ def resnet50_profile(compute_seconds: float = COMPUTE_SECONDS,
 def first_bucket_fraction(threshold_bytes: int, image_size: int = 224, classes: int = 1000,
                           wire_bytes: int = 2) -> Tuple[float, int]:
     """(fraction of the backward pass when tftorus' first bucket is ready, buckets), for
-    buckets of `threshold_bytes` cut by tftorus.fusion from this model's gradients."""
+    buckets of `threshold_bytes` cut by tftorus.torus.fusion from this model's gradients."""
     import tensorflow as tf
-    from tftorus.fusion import bucket_indices
+
+    from tftorus.torus.fusion import bucket_indices
     model = tf.keras.applications.ResNet50(weights=None, input_shape=(image_size, image_size, 3),
                                            classes=classes)
     sizes = [(int(v.shape.num_elements()) * wire_bytes, "w") for v in model.trainable_variables]

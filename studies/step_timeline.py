@@ -43,7 +43,7 @@ from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 from studies import torus_timeline
 
 TIMELINE_FILE = "horovod_timeline.json"
-#: a tftorus bucket's collectives: ops in its name scope (tftorus.reduction's `bucket<k>`)
+#: a tftorus bucket's collectives: ops in its name scope (tftorus.runtime.reduction's `bucket<k>`)
 BUCKET_OP = re.compile(r"bucket(\d+)/Horovod([A-Z][a-z]+)")
 #: Horovod's optimizer names its k-th gradient's all-reduce inside `<name>_Allreduce/cond_<k>`
 #: (`cond` for the first): tf.cond around each horovod.tensorflow.allreduce
@@ -122,7 +122,7 @@ def one_step(tf, model, data, line_up) -> Tuple[float, float]:
 
 
 def plan_buckets(plans, gradients: int) -> Optional[List[List[int]]]:
-    """tftorus' buckets (gradient indices) of the last of `plans` (tftorus.planner.Plan) that
+    """tftorus' buckets (gradient indices) of the last of `plans` (tftorus.planning.planner.Plan) that
     carries all `gradients`, or None (Horovod's optimizer makes none)."""
     whole = [p for p in plans
              if sorted(i for b in p.buckets for i in b.indices) == list(range(gradients))]

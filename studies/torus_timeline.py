@@ -24,7 +24,7 @@ from typing import Dict, List, Tuple
 PHASES = {"Alltoall": "row reduce-scatter (all-to-all)", "Allreduce": "column all-reduce",
           "Allgather": "row all-gather"}
 COLOURS = {"Alltoall": "tab:blue", "Allreduce": "tab:red", "Allgather": "tab:green"}
-#: a torus bucket's collectives, named by tftorus.reduction's name scope per bucket
+#: a torus bucket's collectives, named by tftorus.runtime.reduction's name scope per bucket
 TORUS_OP = re.compile(r"bucket(\d+)/Horovod(Alltoall|Allreduce|Allgather)_bucket\d+_")
 #: ops further apart than this belong to different calls of the all-reduce
 CALL_GAP_US = 300e3

@@ -175,6 +175,7 @@ CURRENT_STACK = (
     "tests/test_callbacks.py",
     "tests/test_trainer.py",
     "tests/test_official_resnet_layout.py",
+    "tests/test_tftorus_layout.py",
     "tests/test_train_script.py",
     "tests/test_resume.py",
     "tests/test_schedules.py",

@@ -8,18 +8,19 @@ import concurrent.futures
 import importlib.util
 import json
 import os
+import random
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
 from typing import Callable, NamedTuple, Sequence, Tuple
 
-from tftorus.run import free_ports  # noqa: F401  (the launcher's; tests call harness.free_ports)
-import random
-import socket
+from tftorus.launch.local import \
+    free_ports  # noqa: F401  (the launcher's; tests call harness.free_ports)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKERS = os.path.join(ROOT, "tests", "workers")

@@ -9,7 +9,7 @@ import tensorflow as tf
 
 import tftorus
 import tftorus.keras
-from tftorus.reduction import TorusOptions
+from tftorus.runtime.reduction import TorusOptions
 
 
 def horovod_public_names(module):
@@ -53,7 +53,7 @@ class ApiTest(tf.test.TestCase):
         self.assertTrue(tftorus.util._executing_eagerly())  # eager by default in TF 2
 
     def test_ours_where_horovods_would_bypass_the_torus(self):
-        self.assertEqual(tftorus.PartialDistributedGradientTape.__module__, "tftorus.optimizer")
+        self.assertEqual(tftorus.PartialDistributedGradientTape.__module__, "tftorus.training.optimizer_horovod")
         for module in (tftorus, tftorus.keras):
             self.assertTrue(module.DistributedOptimizer.__module__.startswith("tftorus"))
         self.assertIs(tftorus.keras.TorusOptions, tftorus.TorusOptions)
@@ -64,6 +64,7 @@ class ApiTest(tf.test.TestCase):
         Horovod's (tests/test_elastic.py runs them on a real elastic job)."""
         import horovod.tensorflow.elastic as hvd_elastic
         import horovod.tensorflow.keras.elastic as hvd_keras_elastic
+
         import tftorus.keras.elastic  # noqa: F401  importable as Horovod's is
         for ours, horovods in ((tftorus.elastic, hvd_elastic),
                                (tftorus.keras.elastic, hvd_keras_elastic)):
@@ -101,7 +102,8 @@ class ApiTest(tf.test.TestCase):
         from unittest import mock
 
         import horovod.tensorflow as hvd_tf
-        from tftorus import optimizer
+
+        from tftorus.training import optimizer_horovod as optimizer
         optimizer.check_seam()  # the installed Horovod's seam is the one we hook
         with mock.patch.object(hvd_tf, "_make_allreduce_grads_fn",
                                lambda name, compression, op: None):
@@ -122,7 +124,7 @@ class ApiTest(tf.test.TestCase):
             "        if name.split('.')[0] in ('scipy', 'matplotlib', 'sklearn'):\n"
             "            raise ImportError('blocked: ' + name)\n"
             "sys.meta_path.insert(0, Block())\n"
-            "import tftorus, tftorus.keras, tftorus.cost_model, official_resnet.plan.run_plan\n"
+            "import tftorus, tftorus.keras, tftorus.planning.cost_model, official_resnet.plan.run_plan\n"
             "print('imported')\n")
         result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                                 timeout=120)

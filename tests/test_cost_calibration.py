@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from studies import cost_calibration as cal
-from tftorus import cost_model as cm
-from tftorus.grid import TorusGrid
+from tftorus.planning import cost_model as cm
+from tftorus.torus.grid import TorusGrid
 
 
 def params(ai=1e-5, bi=1e-9, ae=1e-4, be=1e-8, gamma=0.0, per_op=0.0, copy=0.0):

@@ -3,8 +3,8 @@ Its fit and the paper's step model are tests/test_cost_calibration.py's."""
 
 import pytest
 
-from tftorus import cost_model as cm
-from tftorus.grid import PAPER_GRIDS, GridError, TorusGrid, hierarchical_grid, plan_grid
+from tftorus.planning import cost_model as cm
+from tftorus.torus.grid import PAPER_GRIDS, GridError, TorusGrid, hierarchical_grid, plan_grid
 
 ONE_HOST = cm.Topology(ranks_per_host=64)  # every world below fits on it: all links intra-host
 RESNET50_FP16 = 2 * cm.RESNET50_PARAMS  # bytes, as the paper sends the gradients
@@ -198,7 +198,7 @@ def test_grid_for_algorithm_is_what_tftorus_would_pick():
 
 
 def test_modelled_algorithms_are_the_registry_s_and_horovod_s_ring():
-    from tftorus.algorithms import ALGORITHMS
+    from tftorus.torus.algorithms import ALGORITHMS
 
     assert set(cm.MODELLED_ALGORITHMS) == set(ALGORITHMS) | {"hvd"}
     # 'hvd' is the flat ring, phase for phase.

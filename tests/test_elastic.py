@@ -18,8 +18,9 @@ import numpy as np
 import tensorflow as tf
 
 from tests import harness
-from tftorus import context, global_set_engine
-from tftorus.grid import GridError, TorusGrid
+from tftorus.engines import horovod_elastic_engine
+from tftorus.runtime import process_state
+from tftorus.torus.grid import GridError, TorusGrid
 
 STEPS, KILL_AT, GROW_AFTER = 16, 4, 2
 
@@ -117,21 +118,21 @@ class GridOfANewWorldTest(tf.test.TestCase):
         class Comm:
             rank = 0
 
-        asked = context._Asked(asked_grid, list(extra), "alltoall")
-        with mock.patch.object(context.hvd, "size", return_value=size), \
-                mock.patch.object(context.hvd, "local_size", return_value=local_size), \
-                mock.patch.object(context.hvd, "is_homogeneous", return_value=homogeneous), \
-                mock.patch.object(global_set_engine, "GlobalSetCommunicator", Comm), \
-                mock.patch.object(context, "_state", None), \
-                self.assertLogs(context.logger, "INFO") as logs:
-            state = context._start_elastic(asked, before)
+        asked = process_state._Asked(asked_grid, list(extra), "alltoall")
+        with mock.patch.object(process_state.hvd, "size", return_value=size), \
+                mock.patch.object(process_state.hvd, "local_size", return_value=local_size), \
+                mock.patch.object(process_state.hvd, "is_homogeneous", return_value=homogeneous), \
+                mock.patch.object(horovod_elastic_engine, "GlobalSetCommunicator", Comm), \
+                mock.patch.object(process_state, "_state", None), \
+                self.assertLogs(process_state.logger, "INFO") as logs:
+            state = process_state._start_elastic(asked, before)
         return state.grid, logs.output[-1]
 
     def test_grids_and_reasons(self):
         grid, line = self.new_world(4)
         self.assertEqual(str(grid), "2x2")
         self.assertRegex(line, r"world \d+ \(elastic\): 4 ranks as a 2x2 torus \(2 rows of 2\)")
-        before = context._State(None, grid)
+        before = process_state._State(None, grid)
         grid, line = self.new_world(3, before=before)
         self.assertEqual(str(grid), "1x3")
         self.assertRegex(line, r"3 ranks as a 1x3 torus .*was 4 ranks as 2x2; 3 is prime, so "
@@ -151,7 +152,7 @@ class GridOfANewWorldTest(tf.test.TestCase):
 
     def test_native_reduce_scatter_is_refused_with_the_reason(self):
         with self.assertRaisesRegex(ValueError, "'native' needs process sets"):
-            context._start_elastic(context._Asked(None, [], "native"))
+            process_state._start_elastic(process_state._Asked(None, [], "native"))
 
 
 class WorldGuardTest(tf.test.TestCase):
@@ -159,26 +160,26 @@ class WorldGuardTest(tf.test.TestCase):
 
     def test_a_step_traced_before_a_reset_refuses_to_run_after_it(self):
         grid = TorusGrid(size=4, x=2)
-        with mock.patch.object(context, "is_elastic", return_value=True), \
-                mock.patch.object(context, "_generation", 7):
+        with mock.patch.object(process_state, "is_elastic", return_value=True), \
+                mock.patch.object(process_state, "_generation", 7):
 
             @tf.function
             def step(x):
-                with tf.control_dependencies([context.world_guard(4, grid)]):
+                with tf.control_dependencies([process_state.world_guard(4, grid)]):
                     return x + 1.0
 
             self.assertEqual(float(step(tf.constant(1.0))), 2.0)  # the world it was traced for
-            context._new_generation()  # what reform() does when the world re-forms
+            process_state._new_generation()  # what reform() does when the world re-forms
             with self.assertRaisesRegex(tf.errors.InvalidArgumentError,
                                         r"traced for world 7 \(4 ranks, a 2x2 torus\), but the "
                                         r"world has re-formed since.*inside the function given "
                                         r"to hvd.elastic.run"):
                 step(tf.constant(1.0))
-        context._generation_variable = None
+        process_state._generation_variable = None
 
     def test_no_guard_outside_elastic_jobs(self):
         with mock.patch.dict(os.environ, {"HOROVOD_ELASTIC": "0"}):
-            self.assertIsNone(context.world_guard(4, TorusGrid(size=4, x=2)))
+            self.assertIsNone(process_state.world_guard(4, TorusGrid(size=4, x=2)))
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ import unittest
 import tensorflow as tf
 
 from tests import harness
-from tftorus import stack
+from tftorus.runtime import stack
 
 
 @unittest.skipIf(stack.HOROVOD, "the current stack: `import tftorus as hvd` is the tf engine "

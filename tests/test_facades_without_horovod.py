@@ -8,7 +8,7 @@ import unittest
 import tensorflow as tf
 
 from tests import harness
-from tftorus import stack
+from tftorus.runtime import stack
 
 WITHOUT_HOROVOD = not stack.HOROVOD
 # What a Horovod user's script calls, by the facade (the API the current stack must give).
@@ -45,7 +45,7 @@ class FacadesTest(tf.test.TestCase):
     def test_horovod_only_names_name_the_classic_stack(self):
         import tftorus
         import tftorus.keras
-        from tftorus.without_horovod import HOROVOD_ONLY
+        from tftorus.horovod_api.current_stack import HOROVOD_ONLY
         for module in (tftorus, tftorus.keras):
             for name in HOROVOD_ONLY:
                 if name in module.__all__:

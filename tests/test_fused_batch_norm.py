@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from official_resnet.model.keras_generation import KERAS
 from official_resnet.model.network import BN_EPSILON, BN_MOMENTUM, resnet
-from tftorus import stack
+from tftorus.runtime import stack
 
 keras = tf.keras
 

@@ -2,8 +2,8 @@
 import numpy as np
 import tensorflow as tf
 
-from tftorus import fusion
-from tftorus.compression import Compression
+from tftorus.torus import fusion
+from tftorus.torus.compression import Compression
 
 
 class FusionTest(tf.test.TestCase):

@@ -1,7 +1,7 @@
 """The torus geometry and the planner: pure Python, no collectives."""
 import tensorflow as tf
 
-from tftorus import grid as G
+from tftorus.torus import grid as G
 
 
 class GridTest(tf.test.TestCase):
@@ -51,7 +51,7 @@ class GridTest(tf.test.TestCase):
         self.assertEqual(str(G.plan_grid(4, local_size=4)), "2x2")  # one node: just square
 
     def test_prime_world_degrades_to_one_row_with_a_warning(self):
-        with self.assertLogs("tftorus.grid", level="WARNING") as logs:
+        with self.assertLogs("tftorus.torus.grid", level="WARNING") as logs:
             g = G.plan_grid(7)
         self.assertEqual(str(g), "1x7")
         self.assertIn("prime", logs.output[0])

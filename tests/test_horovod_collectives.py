@@ -1,5 +1,5 @@
 """Horovod 0.28.1's collectives on the current stack (`import tftorus as hvd` without Horovod):
-tftorus/horovod_collectives.py, process_sets.py and horovod_objects.py.
+tftorus/horovod_api/mpi_ops.py, process_sets.py and functions.py.
 
 One launch per world size (2, 3 and 4 ranks) runs tests/workers/horovod_collectives_check.py:
 every collective against NumPy eagerly, in a tf.function and in a TF1 graph run by a session,
@@ -12,7 +12,7 @@ import unittest
 import tensorflow as tf
 
 from tests import harness
-from tftorus import stack
+from tftorus.runtime import stack
 
 WITHOUT_HOROVOD = not stack.HOROVOD
 SKIP = "the current stack (no Horovod); on the classic one these names are Horovod's own"

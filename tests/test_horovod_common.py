@@ -1,9 +1,9 @@
-"""tftorus.horovod_common (Horovod's small helpers for the current stack's facades) against
+"""tftorus.horovod_api.helpers (Horovod's small helpers for the current stack's facades) against
 Horovod's own, on the classic stack, where both exist."""
 import unittest
 import warnings
 
-from tftorus import stack
+from tftorus.runtime import stack
 
 
 @unittest.skipUnless(stack.HOROVOD, "the classic stack: Horovod's helpers to compare with")
@@ -12,7 +12,8 @@ class HorovodCommonTest(unittest.TestCase):
     def test_the_helpers_answer_as_horovods(self):
         import horovod.tensorflow as hvd
         import horovod.tensorflow.keras as hvd_keras
-        from tftorus import horovod_common as mine
+
+        from tftorus.horovod_api import helpers as mine
         for n in range(1, 6):
             for length in range(0, 12):
                 items = list(range(length))

@@ -1,10 +1,10 @@
 """docs/guide/horovod_compatibility.md cannot drift: its table is parsed and held against the code.
 
 Classic stack (Horovod installed): each section's names are exactly the public names of that
-Horovod module (the page's rule), and tftorus' module has every one; tftorus.horovod_common
+Horovod module (the page's rule), and tftorus' module has every one; tftorus.horovod_api.helpers
 answers as Horovod's helpers do. Current stack: each 'same' or 'different' name is on tftorus'
 module (and, for a facade's own values, in its __all__), and each 'refused' one raises
-tftorus.stack.HorovodRequired whose message holds the row's words. No process is started.
+tftorus.runtime.stack.HorovodRequired whose message holds the row's words. No process is started.
 """
 import importlib
 import inspect
@@ -16,7 +16,7 @@ import unittest
 from typing import Dict, List, NamedTuple
 
 from tests import harness
-from tftorus import stack
+from tftorus.runtime import stack
 
 PAGE = f"{harness.ROOT}/docs/guide/horovod_compatibility.md"
 SIGNATURES = f"{harness.ROOT}/tests/horovod_signatures.json"  # Horovod 0.28.1's parameters

@@ -8,15 +8,14 @@ import tempfile
 import unittest
 from unittest import mock
 
-import numpy as np
 import matplotlib
+import numpy as np
 import tensorflow as tf
 from PIL import Image
 
 from official_resnet.data import embedded_data
 from official_resnet.data import input_pipeline as ip
-from tftorus import stack
-
+from tftorus.runtime import stack
 
 
 def sample_photos():

@@ -1,12 +1,12 @@
-"""tftorus.keras3.callbacks (Horovod's Keras callbacks on Keras 3, the current stack) in one
-process, with a tiny functional model: the warm-up's learning rate at every batch is Horovod's
+"""tftorus.horovod_api.keras3_callbacks (Horovod's Keras callbacks on Keras 3, the current stack)
+in one process, with a tiny functional model: the warm-up's learning rate at every batch is Horovod's
 formula, the schedule's multiplier per epoch, the momentum correction reaches a traced step (and
 why it has to be done on the slots there), MetricAverage leaves one worker's logs alone and
 averages two workers', Broadcast sends the model before the first batch and model + optimizer
 after it, once, without changing a one-worker fit.
 
-The world is faked (tftorus.world's rank/size/allreduce_sum/broadcast_variables patched), since
-tftorus.init() must come before TensorFlow starts; the multi-process checks are in
+The world is faked (tftorus.runtime.world's rank/size/allreduce_sum/broadcast_variables patched),
+since tftorus.init() must come before TensorFlow starts; the multi-process checks are in
 tests/test_user_fit.py (Broadcast and MetricAverage in a user's fit on 3 workers).
 """
 from unittest import mock
@@ -15,14 +15,15 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tftorus import stack, world
+from tftorus.runtime import stack, world
 
 if not stack.KERAS_3:
     pytest.skip("Keras 3 (the current stack); the classic stack's callbacks are Horovod's",
                 allow_module_level=True)
 
 import keras  # noqa: E402
-from tftorus.keras3 import callbacks as hvd_callbacks  # noqa: E402
+
+from tftorus.horovod_api import keras3_callbacks as hvd_callbacks  # noqa: E402
 
 STEPS, BATCH = 4, 8
 

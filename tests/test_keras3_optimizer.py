@@ -14,7 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 from tests import harness
-from tftorus import stack
+from tftorus.runtime import stack
 
 if stack.KERAS_3:
     import keras

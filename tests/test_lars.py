@@ -23,7 +23,7 @@ import tensorflow as tf
 import tftorus
 from official_resnet.model import network as resnet_model
 from official_resnet.optimizers import lars as L
-from tftorus import stack
+from tftorus.runtime import stack
 
 if stack.KERAS_3:
     import keras
@@ -122,7 +122,7 @@ class DistributedOptimizerTest(tf.test.TestCase):
         keras.mixed_precision.set_global_policy("float32")
 
     def test_tftorus_distributed_optimizer_rebuilds_lars(self):
-        # One process: tftorus' wrapper (Horovod's on Keras 2, tftorus.keras3's on Keras 3)
+        # One process: tftorus' wrapper (Horovod's on Keras 2, tftorus' own on Keras 3)
         # rebuilds LARS from get_config() as a subclass of the same name, which then trains as
         # the plain LARS does on one worker; the multi-process sums are the all-reduce's tests.
         import tftorus.keras as hvd

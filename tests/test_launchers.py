@@ -1,5 +1,5 @@
 """Launching the tf engine without Horovod: the local launcher (tftorus/run.py), and the cluster
-found from srun's and mpirun's variables (tftorus/tf_cluster.py).
+found from srun's and mpirun's variables (tftorus/cluster/tf_cluster.py).
 
 Unit tests (no process): Slurm host lists and tasks per node, srun and mpirun discovery from set
 environments, every bad input's one-line message, mpirun's TCP rendezvous between threads, the
@@ -24,8 +24,9 @@ from unittest import mock
 import tensorflow as tf
 
 from tests import harness
-from tftorus import run as launcher
-from tftorus import tf_cluster
+from tftorus.cluster import tf_cluster
+from tftorus.launch import local as launcher
+from tftorus.launch import rank_layout
 
 WORKER = harness.worker("launch_check.py")
 RUN_PY = os.path.join(harness.ROOT, "tftorus", "run.py")
@@ -305,11 +306,11 @@ def horovod_values(host, rank, size, local_rank, local_size, cross_rank, cross_s
 
 class HorovodVariablesTest(tf.test.TestCase):
     """The HOROVOD_* variables horovodrun gives, as tftorus.run and the tf engine's init give
-    them (tftorus.run.horovod_variables, tftorus.tf_cluster.horovod_variables)."""
+    them (tftorus.launch.rank_layout.horovod_variables, tftorus.cluster.tf_cluster.horovod_variables)."""
 
     def test_hosts_of_unequal_slots(self):
         for rank, (host, layout) in enumerate(zip(HOSTS, LAYOUT)):
-            self.assertEqual(launcher.horovod_variables(HOSTS, rank),
+            self.assertEqual(rank_layout.horovod_variables(HOSTS, rank),
                              horovod_values(host, rank, len(HOSTS), *layout))
 
     @unittest.skipUnless(harness.HOROVOD, "horovodrun's own values: the classic stack")
@@ -322,12 +323,12 @@ class HorovodVariablesTest(tf.test.TestCase):
             hosts = [slot.hostname for slot in slots]
             for slot in slots:
                 with self.subTest(spec=spec, rank=slot.rank):
-                    self.assertEqual(launcher.horovod_variables(hosts, slot.rank),
+                    self.assertEqual(rank_layout.horovod_variables(hosts, slot.rank),
                                      create_slot_env_vars(slot))
 
     def test_hosts_taken_in_turn(self):
         # a TF_CONFIG may interleave hosts: local ranks count per host, cross in rank order
-        got = [launcher.horovod_variables(["a", "b", "a", "b"], r) for r in range(4)]
+        got = [rank_layout.horovod_variables(["a", "b", "a", "b"], r) for r in range(4)]
         self.assertEqual([(g["HOROVOD_LOCAL_RANK"], g["HOROVOD_CROSS_RANK"]) for g in got],
                          [("0", "0"), ("0", "1"), ("1", "0"), ("1", "1")])
 
@@ -361,14 +362,14 @@ class HorovodVariablesTest(tf.test.TestCase):
     def test_horovods_engine_refuses_them_without_horovodrun(self):
         # a script under tftorus.run (or one started after a tf-engine init) has HOROVOD_RANK
         # but no rendezvous: Horovod would wait 30 s for it and abort
-        from tftorus import context
-        if context.is_initialized() or context.horovod_running():
+        from tftorus.runtime import process_state
+        if process_state.is_initialized() or process_state.horovod_running():
             self.skipTest("Horovod already runs in this process")
         with _environment({"HOROVOD_RANK": "1", "HOROVOD_SIZE": "2"}), \
                 self.assertRaisesRegex(RuntimeError, r"^HOROVOD_RANK is set but horovodrun did "
                                                      r"not start this process .* use "
                                                      r"engine='tf'"):
-            context.init(engine="horovod")
+            process_state.init(engine="horovod")
 
 
 # -- real processes ------------------------------------------------------------------------

@@ -17,8 +17,8 @@ from official_resnet.plan.batch_plan import PhasePlan
 from official_resnet.run.run_callbacks import EpochLogger, NonFiniteSteps, RunProgress
 from official_resnet.run.run_state import NonFiniteLossError, RunState
 from official_resnet.run.workers import Workers
-from tftorus.stack import variable_key
 from tests import harness
+from tftorus.runtime.stack import variable_key
 
 
 def small_model(label_smoothing=0.0):

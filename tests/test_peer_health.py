@@ -1,4 +1,4 @@
-"""The tf engine's lost-peer detection (tftorus/peer_health.py): the verdicts on a fake clock,
+"""The tf engine's lost-peer detection (tftorus/engines/peer_health.py): the verdicts on a fake clock,
 and in real processes that a step's collectives cost no threads and that a stopped peer, which
 no connection error reveals, still ends the others within the timeout."""
 import re
@@ -7,8 +7,8 @@ import tensorflow as tf
 from tensorflow.python.framework import errors
 
 from tests import harness
-from tftorus import peer_health
-from tftorus.tf_collective_engine import EAGER_TIMED_LIMIT
+from tftorus.engines import peer_health
+from tftorus.engines.tf_engine import EAGER_TIMED_LIMIT
 
 
 class FakeClock:

@@ -6,9 +6,9 @@ That the chunks change no bit of the result is checked on real jobs of both engi
 import tensorflow as tf
 
 import tftorus
-from tftorus import algorithms
-from tftorus.communicator import Communicator
-from tftorus.grid import parse_grid
+from tftorus.torus import algorithms
+from tftorus.torus.communicator import Communicator
+from tftorus.torus.grid import parse_grid
 
 MIB = 1 << 20
 
@@ -102,8 +102,8 @@ class ChunkPolicyTest(tf.test.TestCase):
         self.assertEqual(algorithms.alignment("ring", grid, 3), 1)
 
     def test_the_engines_say_whether_groups_overlap(self):
-        from tftorus.horovod_engine import HorovodCommunicator
-        from tftorus.tf_collective_engine import TFCollectiveCommunicator
+        from tftorus.engines.horovod_engine import HorovodCommunicator
+        from tftorus.engines.tf_engine import TFCollectiveCommunicator
         self.assertFalse(HorovodCommunicator.concurrent_groups)
         self.assertTrue(TFCollectiveCommunicator.concurrent_groups)
 

@@ -1,4 +1,4 @@
-"""The planner (tftorus/planner.py) on synthetic links, the probe's fit (tftorus/link_probe.py),
+"""The planner (tftorus/planning/planner.py) on synthetic links, the probe's fit (tftorus/planning/link_probe.py),
 and both on real worlds: two loopback "hosts" on the tf engine, one host on Horovod's."""
 import dataclasses
 import json
@@ -9,11 +9,10 @@ import sys
 import tempfile
 import unittest
 
-from tftorus import cost_model as cm
-from tftorus import link_probe, planner
-from tftorus.grid import TorusGrid
-
 from tests import harness
+from tftorus.planning import cost_model as cm
+from tftorus.planning import link_probe, planner
+from tftorus.torus.grid import TorusGrid
 
 MIB = 1 << 20
 GB = 1e9
@@ -328,9 +327,10 @@ class ReadinessClockTest(unittest.TestCase):
         the clocks see the gap, and the later one's clock does not run early."""
         import numpy as np
         import tensorflow as tf
-        from tftorus import readiness
 
-        clock = readiness.Clock(2)
+        from tftorus.runtime import gradient_readiness
+
+        clock = gradient_readiness.Clock(2)
         m = tf.constant(np.random.RandomState(0).standard_normal((400, 400)).astype(np.float32))
 
         def work(x, n):
@@ -361,21 +361,23 @@ class GivenLinksTest(unittest.TestCase):
 
     def test_the_grid_is_planned_from_given_links(self):
         from unittest import mock
-        from tftorus import context
+
+        from tftorus.runtime import process_state
         rails = "intra=4us@257GB/s,inter=10.2us@46GB/s,lanes=8"
         with mock.patch.dict(os.environ, {planner.LINKS_ENV: rails}):
-            grids = context._grids_for(256, 8, None, [], "tf")
-        want = planner.plan(256, 8, [(context.GRID_PLAN_BYTES, "grid")],
+            grids = process_state._grids_for(256, 8, None, [], "tf")
+        want = planner.plan(256, 8, [(process_state.GRID_PLAN_BYTES, "grid")],
                             planner.Links.parse(rails), TF_ENGINE).grid
         self.assertEqual(grids[0], want)
         with mock.patch.dict(os.environ, {planner.LINKS_ENV: rails}):  # a grid given wins
-            self.assertEqual(context._grids_for(256, 8, "16x16", [], "tf")[0],
+            self.assertEqual(process_state._grids_for(256, 8, "16x16", [], "tf")[0],
                              TorusGrid(size=256, x=16))
 
     def test_a_malformed_value_says_what_to_write(self):
         from unittest import mock
-        from tftorus import context
+
+        from tftorus.runtime import process_state
         with mock.patch.dict(os.environ, {planner.LINKS_ENV: "inter=fast"}):
             with self.assertRaises(planner.PlanError) as ctx:
-                context._grids_for(256, 8, None, [], "horovod")
+                process_state._grids_for(256, 8, None, [], "horovod")
         self.assertIn("intra=3.4us@50GB/s", str(ctx.exception))

@@ -15,7 +15,7 @@ from studies import planner_sweep as ps
 from studies import simulated_cluster as sc
 from studies import step_profile
 from tests import test_simulated_cluster as tsc
-from tftorus.grid import TorusGrid
+from tftorus.torus.grid import TorusGrid
 
 SIMGRID = sc.load_simgrid()
 NEEDS_SIMGRID = unittest.skipIf(SIMGRID is None, f"SimGrid missing: {sc.SIMGRID_MISSING}")

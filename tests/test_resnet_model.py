@@ -6,7 +6,7 @@ import tensorflow as tf
 
 from official_resnet.model.keras_generation import KERAS
 from official_resnet.model.network import resnet
-from tftorus.stack import variable_name
+from tftorus.runtime.stack import variable_name
 
 RESNET50_TRAINABLE = 25_557_032  # the published ResNet-50 (1000 classes, no conv biases)
 EXCLUDE_FROM_DECAY = re.compile(r"_bn|bias")  # what LARS / weight decay skip by name

@@ -1,8 +1,8 @@
 """The simulated cluster (studies/simulated_cluster.py, SimGrid): on small clusters, in seconds.
 
 Where no two flows share a link beyond what the cost model also shares (a host's NIC, fairly),
-the simulator and the cost model (tftorus/cost_model.py) must give the same all-reduce times;
-where they do share more (a rack's uplink), the simulator must see it and the model must not.
+the simulator and the cost model (tftorus/planning/cost_model.py) must give the same all-reduce
+times; where they do share more (a rack's uplink), the simulator must see it and the model must not.
 Needs SimGrid's Python bindings (Debian: apt-get install python3-simgrid; run_scripts/setup.sh
 installs them where apt works): without them those tests skip, saying so. One SimGrid platform
 per process, so every cluster here is built once, together. No processes are started.
@@ -11,8 +11,8 @@ import sys
 import unittest
 
 from studies import simulated_cluster as sc
-from tftorus import cost_model as cm
-from tftorus.grid import TorusGrid
+from tftorus.planning import cost_model as cm
+from tftorus.torus.grid import TorusGrid
 
 SIMGRID = sc.load_simgrid()
 NEEDS_SIMGRID = unittest.skipIf(SIMGRID is None, f"SimGrid missing: {sc.SIMGRID_MISSING}")

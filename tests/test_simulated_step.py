@@ -15,7 +15,7 @@ import unittest
 from studies import simulated_cluster as sc
 from studies import simulated_step as ss
 from tests import test_simulated_cluster as tsc
-from tftorus import planner
+from tftorus.planning import planner
 
 SIMGRID = sc.load_simgrid()
 NEEDS_SIMGRID = unittest.skipIf(SIMGRID is None, f"SimGrid missing: {sc.SIMGRID_MISSING}")

@@ -7,7 +7,7 @@ import re
 import unittest
 
 from tests import harness
-from tftorus import stack
+from tftorus.runtime import stack
 
 
 @unittest.skipIf(stack.HOROVOD, "the classic stack re-exports Horovod's own layer")
@@ -30,7 +30,7 @@ class SyncBatchNormTest(unittest.TestCase):
     def test_both_facades_export_it(self):
         import tftorus
         import tftorus.keras
-        from tftorus.keras3.sync_batch_norm import SyncBatchNormalization
+        from tftorus.horovod_api.keras3_sync_batch_norm import SyncBatchNormalization
         self.assertIs(tftorus.SyncBatchNormalization, SyncBatchNormalization)
         self.assertIs(tftorus.keras.SyncBatchNormalization, SyncBatchNormalization)
         self.assertIn("SyncBatchNormalization", tftorus.__all__)

@@ -21,8 +21,9 @@ import tensorflow as tf
 
 import tftorus
 from tests import harness
-from tftorus import context, reduction, stack, tf_cluster
-from tftorus.tf_collective_engine import EagerTimeouts, explain, tf_member_order
+from tftorus.cluster import tf_cluster
+from tftorus.engines.tf_engine import EagerTimeouts, explain, tf_member_order
+from tftorus.runtime import process_state, reduction, stack
 
 
 class ArgumentErrorTest(tf.test.TestCase):
@@ -39,8 +40,8 @@ class ArgumentErrorTest(tf.test.TestCase):
 
     def test_process_sets_are_horovods_where_horovod_runs(self):
         # classic: Horovod's sets belong to its engine; current: the tf engine's own
-        # (tftorus.process_sets), which take hvd.ProcessSet objects
-        if tftorus.stack.HOROVOD:
+        # (tftorus.horovod_api.process_sets), which take hvd.ProcessSet objects
+        if tftorus.runtime.stack.HOROVOD:
             with self.assertRaisesRegex(ValueError, "process_sets are Horovod's"):
                 tftorus.init(engine="tf", process_sets=[object()])
         else:
@@ -53,7 +54,7 @@ class ArgumentErrorTest(tf.test.TestCase):
 
     def test_after_tensorflow_started(self):
         tf.constant(1.0)  # TF's runtime now runs in this process
-        saved, context._state = context._state, None  # other tests may have run init()
+        saved, process_state._state = process_state._state, None  # other tests may have run init()
         two = json.dumps({"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]},
                           "task": {"type": "worker", "index": 0}})
         try:
@@ -66,9 +67,9 @@ class ArgumentErrorTest(tf.test.TestCase):
                     mock.patch.object(tf_cluster, "_discovered", None), \
                     mock.patch.object(tf_cluster, "_cluster", None):
                 tftorus.init(engine="tf")
-                self.assertEqual(tftorus.world.size(), 1)
+                self.assertEqual(tftorus.runtime.world.size(), 1)
         finally:
-            context._state = saved
+            process_state._state = saved
 
     def check_too_late(self):
         with self.assertRaisesRegex(RuntimeError, r"already started.*tftorus.init\("

@@ -20,7 +20,7 @@ import psutil
 from official_resnet.data import embedded_data
 from official_resnet.run import checkpointing
 from tests import harness
-from tftorus import watchdog
+from tftorus.reliability import watchdog
 
 TRAIN, FLAGFILE = harness.TRAIN, harness.FLAGFILE
 SPEC = embedded_data.EmbeddedSpec(num_train=1024, num_validation=128, train_shards=4,

@@ -11,10 +11,10 @@ unchanged (collectives, process sets, queries and their *_op graph ops, its subm
 util and mpi_ops, its helpers), plus `_executing_eagerly`, which Horovod's own test suite calls
 on `hvd`; `elastic` is tftorus.elastic: Horovod's elastic API, with the torus re-formed on every
 reset. Where it is not (the current stack: TF >= 2.16, Keras 3), the same names that have a
-meaning on the tf engine come from tftorus.without_horovod (`elastic` from
-tftorus.elastic_fixed_world: Horovod's states over a world of fixed size), and the others raise
-one line naming the classic stack (tftorus.stack.HorovodRequired).
-`tftorus.world` has rank(), size(), barrier() and broadcast_variables() for either engine.
+meaning on the tf engine come from tftorus.horovod_api.current_stack (`elastic` from
+tftorus.reliability.elastic_fixed_size: Horovod's states over a world of fixed size), and the others
+raise one line naming the classic stack (tftorus.runtime.stack.HorovodRequired).
+`tftorus.runtime.world` has rank(), size(), barrier() and broadcast_variables() for either engine.
 The names are defined in tftorus/_facade.py; this file only keeps them out of the local launcher.
 """
 import sys as _sys
@@ -25,7 +25,10 @@ def _launching_only() -> bool:
     only the standard library. Importing TensorFlow there cost each launch 2.5-3.8 s of CPU
     and a TensorFlow runtime held in the launcher for the whole job; its ranks import it."""
     if _sys.argv[:1] != ["-m"]:  # Python's placeholder while it locates a -m module
-        return False
+        import os  # else `python path/to/tftorus/run.py`: the launcher run by its path
+        here = os.path.dirname(os.path.realpath(__file__))
+        return bool(_sys.argv[:1]) and os.path.realpath(_sys.argv[0]) == os.path.join(here,
+                                                                                      "run.py")
     argv = getattr(_sys, "orig_argv", [])
     return "-m" in argv and argv[argv.index("-m") + 1:argv.index("-m") + 2] == ["tftorus.run"]
 

@@ -31,8 +31,8 @@ damaged in a way TensorFlow only notices while decoding raises TensorFlow's own 
 import contextlib
 import dataclasses
 import os
-import warnings
 import re
+import warnings
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import tensorflow as tf
@@ -188,12 +188,12 @@ def affine_transform(image: tf.Tensor, matrix: tf.Tensor,
     reflecting), mode names upper-case. tests/test_input_pipeline.py checks that the two give
     the same pixels, bit for bit.
 
-    use_addons: None chooses by tftorus.stack (the one place that tells the stacks apart): a
+    use_addons: None chooses by tftorus.runtime.stack (the one place that tells the stacks apart): a
     classic stack without tensorflow-addons is a broken install and fails here, rather than
     quietly taking another path; True / False force one path (the tests compare them).
     """
     if use_addons is None:
-        from tftorus import stack  # here: importing the package costs time
+        from tftorus.runtime import stack  # here: importing the package costs time
         use_addons = not stack.KERAS_3
     if use_addons:
         with warnings.catch_warnings():  # its end-of-life notice would fill every rank's log

@@ -26,7 +26,7 @@ from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Tuple
 import tensorflow as tf
 
 from official_resnet.model.keras_generation import KERAS
-from tftorus.stack import variable_key
+from tftorus.runtime.stack import variable_key
 
 AllreduceSum = Callable[[tf.Tensor], tf.Tensor]
 

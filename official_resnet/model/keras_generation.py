@@ -1,6 +1,6 @@
 """What the recipe needs from Keras that Keras 2 (classic stack) and Keras 3 (current stack)
 spell differently: the one place official_resnet tells them apart, besides lars.py's choice of
-class. `KERAS` is the class of this process' generation, picked once by tftorus.stack.
+class. `KERAS` is the class of this process' generation, picked once by tftorus.runtime.stack.
 
 Where they differ, and why the recipe does what it does on each:
 
@@ -40,7 +40,7 @@ from typing import Callable, List, Optional
 
 import tensorflow as tf
 
-from tftorus import stack
+from tftorus.runtime import stack
 
 LossScaleOptimizer = tf.keras.mixed_precision.LossScaleOptimizer  # either generation's
 
@@ -106,7 +106,7 @@ class Keras2:
 
 
 class Keras3:
-    """Keras 3 (TensorFlow >= 2.16, tftorus.keras3's optimizer)."""
+    """Keras 3 (TensorFlow >= 2.16, tftorus' Keras 3 optimizer)."""
 
     name = "Keras 3"
     generation = 3
@@ -139,7 +139,7 @@ class Keras3:
         """The update of gradients already reduced: the optimizer's own, past tftorus'
         reduction when `optimizer` is a tftorus DistributedOptimizer."""
         for klass in type(optimizer).__mro__:
-            if "_allreduce_grads" in vars(klass):  # tftorus.keras3.optimizer's mixin
+            if "_allreduce_grads" in vars(klass):  # tftorus.training.optimizer_keras3's mixin
                 return super(klass, optimizer).apply(grads, variables)
         return optimizer.apply(grads, variables)
 

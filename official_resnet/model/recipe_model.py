@@ -1,9 +1,9 @@
 """The recipe's training step as a Keras model: `RecipeModel(...).fit(...)` trains as the paper.
 
 One `train_step` call is one micro-batch. Its gradients (and loss) are added to the sums of the
-optimizer's tftorus.accumulation.Accumulation, the one that accumulates in any user's fit too;
-when `accumulation` micro-batches (its count, which official_resnet.run.callbacks.BatchSizeControl
-sets per epoch) are in, one update happens:
+optimizer's tftorus.training.accumulation.Accumulation, the one that accumulates in any user's fit
+too; when `accumulation` micro-batches (its count, which
+official_resnet.run.callbacks.BatchSizeControl sets per epoch) are in, one update happens:
 
     micro-batch -> forward (mixed precision) -> label-smoothed loss -> scaled backward -> accumulate
     ... k-th micro-batch: mean of the k gradients -> one all-reduce over the torus through the
@@ -22,8 +22,8 @@ from typing import List
 import tensorflow as tf
 
 from official_resnet.model.keras_generation import KERAS
-from tftorus import accumulation as micro_batches
-from tftorus.reduction import reduce_gradients
+from tftorus.runtime.reduction import reduce_gradients
+from tftorus.training import accumulation as micro_batches
 
 
 def smoothed_cross_entropy(labels, logits, num_classes: int, label_smoothing: float):

@@ -50,11 +50,12 @@ to it. A learning rate given as a `LearningRateSchedule` is evaluated on `iterat
 cannot be assigned.
 
 Two generations. `LARS` is lars_keras2.LARS on Keras 2 and lars_keras3.LARS on Keras 3 (beside
-this file), chosen below by `tftorus.stack.KERAS_3`, the one place that tells them apart; both
-call lars_core, which holds the update, the trust ratio, the argument checks and the
+this file), chosen below by `tftorus.runtime.stack.KERAS_3`, the one place that tells them apart;
+both call lars_core, which holds the update, the trust ratio, the argument checks and the
 exclusions, so the math is one piece of code. They
 differ only where their base classes do:
-- Variable names for the exclusion regexes are `tftorus.stack.variable_name(v)`: tf.Variable's
+- Variable names for the exclusion regexes are `tftorus.runtime.stack.variable_name(v)`:
+tf.Variable's
   `name` on Keras 2 ('conv1_bn/gamma:0'), the Keras variable's `path` on Keras 3
   ('conv1_bn/gamma'; its `name` is just 'gamma'). The recipe's ['_bn', 'bias'] excludes the same
   variables of official_resnet.model.network's ResNet on both. Keras 3 hands `update_step` the
@@ -71,9 +72,9 @@ differ only where their base classes do:
   passing custom_optimizers=[LARS]).
 """
 from official_resnet.optimizers import lars_core
-from official_resnet.optimizers.lars_core import (  # noqa: F401 (re-exported)
-    DEFAULT_EPSILON, DEFAULT_TRUST_COEFFICIENT)
-from tftorus import stack
+from official_resnet.optimizers.lars_core import (DEFAULT_EPSILON,  # noqa: F401 (re-exported)
+                                                  DEFAULT_TRUST_COEFFICIENT)
+from tftorus.runtime import stack
 
 if stack.KERAS_3:
     from official_resnet.optimizers.lars_keras3 import LARS

@@ -8,7 +8,7 @@ from typing import Optional, Sequence
 import tensorflow as tf
 
 from official_resnet.optimizers import lars_core as core
-from tftorus import stack
+from tftorus.runtime import stack
 
 
 @tf.keras.saving.register_keras_serializable(package="tftorus")

@@ -20,7 +20,7 @@ from typing import Optional, Sequence
 import keras
 
 from official_resnet.optimizers import lars_core as core
-from tftorus import stack
+from tftorus.runtime import stack
 
 
 @keras.saving.register_keras_serializable(package="tftorus")

@@ -3,8 +3,8 @@
 One table per experiment: each phase's epochs, workers, total and per-worker batch, gradient
 accumulation, optimizer steps, LR and momentum at the phase's start and end, the torus grid and
 its sequential steps, the files and bytes each worker reads per epoch, and the gradient
-all-reduce time per step that tftorus.cost_model predicts on the paper's cluster (ABCI: 4 V100
-per node over NVLink, 2 InfiniBand EDR HCAs per node; documented hardware numbers, nothing
+all-reduce time per step that tftorus.planning.cost_model predicts on the paper's cluster (ABCI: 4
+V100 per node over NVLink, 2 InfiniBand EDR HCAs per node; documented hardware numbers, nothing
 fitted). Nothing here starts Horovod or reads a record.
 """
 import dataclasses
@@ -67,8 +67,8 @@ def plan_table(*, experiment, plans: List[batch_plan.PhasePlan], schedule, data:
                model: tuple = RESNET50, gpus_per_phase: str = "fixed",
                batch_divisor: int = 1) -> str:
     """The plan as text (see the module docstring)."""
-    from tftorus import cost_model
-    from tftorus.grid import resolve_grid
+    from tftorus.planning import cost_model
+    from tftorus.torus.grid import resolve_grid
 
     # On the paper's cluster (many hosts) 'auto' sends ResNet-50's gradient buffers by the torus.
     algorithm = "torus" if algorithm == "auto" else algorithm
@@ -116,7 +116,7 @@ def plan_table(*, experiment, plans: List[batch_plan.PhasePlan], schedule, data:
         f"{plans[-1].workers} workers)",
         "all-reduce: " + (
             f"ResNet-50's {cost_model.RESNET50_PARAMS:,} gradients in {compression} "
-            f"({_size(nbytes)}) per optimizer step, tftorus.cost_model on ABCI (4 V100 per node, "
+            f"({_size(nbytes)}) per optimizer step, tftorus' cost model on ABCI (4 V100 per node, "
             f"NVLink 50 GB/s per pair, 2 x EDR 12.5 GB/s per node); accumulation does not add "
             f"all-reduces" if nbytes else
             f"n/a: the cost model's gradient size is ResNet-50's (--depth=50 --width=64, 1000 "

@@ -1,7 +1,7 @@
 """Keras callbacks of the paper's recipe for any `model.fit`, each standing alone.
 
-    BatchSizeControl     the paper's batch-size control (tftorus.batch_size_control's, here too)
-    LRMomentumSchedule   LR and momentum (configurations A and B), keyed on samples seen
+    BatchSizeControl     the paper's batch-size control (tftorus.training.batch_size_control's, here
+    too) LRMomentumSchedule   LR and momentum (configurations A and B), keyed on samples seen
     MetricAverage        Horovod's MetricAverageCallback for either engine
     Evaluation           1-crop top-1 on the validation split over all workers, with the BN
                          statistics recomputed from training batches first (the paper's way)
@@ -9,10 +9,10 @@
 Each talks to the rest of fit through `self.model`, `self.params` and `logs` only: the LR
 schedule puts logs['lr'] and logs['momentum'], Evaluation logs['val_top1'], for any callback
 after them (Keras runs callbacks in list order). BatchSizeControl and LRMomentumSchedule work in
-a model compiled with tftorus.keras.DistributedOptimizer (tftorus.accumulation): one dataset of
-fixed micro-batches and one `fit` cover every phase, and changing the batch retraces nothing.
-A `Workers` (official_resnet.run.workers) says who this process is and sums over all of them:
-`Workers.current()` after tftorus.init(), `Workers()` in one process.
+a model compiled with tftorus.keras.DistributedOptimizer (tftorus.training.accumulation): one
+dataset of fixed micro-batches and one `fit` cover every phase, and changing the batch retraces
+nothing. A `Workers` (official_resnet.run.workers) says who this process is and sums over all of
+them: `Workers.current()` after tftorus.init(), `Workers()` in one process.
 
 The trainer's own callbacks, which share its run state, are in official_resnet.run.run_callbacks.
 """
@@ -25,8 +25,9 @@ from official_resnet.model import bn_statistics
 from official_resnet.model.recipe_model import make_eval_step
 from official_resnet.optimizers.lars import unwrap
 from official_resnet.run.workers import Workers
-from tftorus import watchdog
-from tftorus.batch_size_control import BatchSizeControl, micro_batches_per_update  # noqa: F401
+from tftorus.reliability import watchdog
+from tftorus.training.batch_size_control import (BatchSizeControl,  # noqa: F401
+                                                 micro_batches_per_update)
 
 
 class LRMomentumSchedule(tf.keras.callbacks.Callback):

@@ -25,8 +25,8 @@ import tensorflow as tf
 from official_resnet.model.keras_generation import KERAS
 from official_resnet.run.checkpointing import CheckpointState
 from official_resnet.run.run_state import NONFINITE_POLICIES, EpochLog, NonFiniteLossError, RunState
-from tftorus import watchdog
-from tftorus.batch_size_control import micro_batches_per_update
+from tftorus.reliability import watchdog
+from tftorus.training.batch_size_control import micro_batches_per_update
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from typing import Callable, Optional
 
 import tensorflow as tf
 
-from tftorus import world
+from tftorus.runtime import world
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,12 +14,12 @@ import os
 
 import horovod.tensorflow as hvd
 import numpy as np
-import tensorflow as tf
-
 import pipeline_and_wire  # noqa: E402  (tests/workers, the script's own folder)
 import report  # noqa: E402
+import tensorflow as tf
+
 import tftorus
-from tftorus.grid import divisors, parse_grid
+from tftorus.torus.grid import divisors, parse_grid
 
 # Shapes: scalar, one element, odd sizes, sizes below any row length, multi-dim, empty, large odd.
 SHAPES = [(), (1,), (3,), (7,), (5, 3), (2, 3, 5), (0,), (0, 4), (1001,), (13, 17, 3)]
@@ -107,7 +107,7 @@ def check_fp16_pairs(grids, rank):
     """An FP16 sum over two ranks (Horovod's all-reduce on the engine: a world or a column of 2)
     has the bits of the FP32 sum rounded once to FP16, as over 3+ ranks (summed in rank order)."""
     global checks
-    comm = tftorus.context.communicator(None)
+    comm = tftorus.runtime.process_state.communicator(None)
     groups = {tuple(range(comm.size))} if comm.size == 2 else set()
     for spec in grids:
         y, x = (int(v) for v in spec.split("x"))

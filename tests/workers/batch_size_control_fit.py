@@ -56,7 +56,7 @@ def main():
     net = tf.keras.Sequential([tf.keras.layers.Dense(16, activation="tanh", input_shape=(8,)),
                                tf.keras.layers.Dense(CLASSES)])
     model = RecipeModel.wrap(net)
-    tftorus.world.broadcast_variables(model.variables, root_rank=0)  # the first step too
+    tftorus.runtime.world.broadcast_variables(model.variables, root_rank=0)  # the first step too
     model.compile(optimizer=hvd.DistributedOptimizer(
         tf.keras.optimizers.SGD(learning_rate=0.1, momentum=0.9)))
     control = BatchSizeControl.from_total_batches([(0, 2, 8), (2, 4, 16)], micro_batch=micro,

@@ -59,8 +59,8 @@ def main(workdir: str, steps: int, kill_at: int, grow_after: int):
 
     class CommitSteps(tf.keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
-            from tftorus import context
-            pending.append((state.step, hvd.size(), str(context.state().grid)))
+            from tftorus.runtime import process_state
+            pending.append((state.step, hvd.size(), str(process_state.state().grid)))
             state.step += 1
             if HOST == "elastic-host-3" and state.step == kill_at + 1:
                 os.kill(os.getpid(), signal.SIGKILL)  # lost mid-epoch, after an uncommitted step

@@ -27,13 +27,13 @@ given = {k: v for k, v in os.environ.items() if k.startswith("HOROVOD_")}
 import tftorus as hvd  # noqa: E402
 
 hvd.init()
+import report  # noqa: E402  (tests/workers)
 import tensorflow as tf  # noqa: E402  (after init: TF joins its cluster when its runtime starts)
 
-import report  # noqa: E402  (tests/workers)
-from tftorus import context, reduction  # noqa: E402
+from tftorus.runtime import process_state, reduction  # noqa: E402
 
 RANK, N = hvd.rank(), hvd.size()
-comm = context.communicator()
+comm = process_state.communicator()
 checks, failures = 0, []
 
 

@@ -1,4 +1,4 @@
-"""Worker: the collectives of elastic jobs (tftorus/global_set_engine.py: every group over
+"""Worker: the collectives of elastic jobs (tftorus/engines/horovod_elastic_engine.py: every group over
 Horovod's global set, an all-to-all with a split per rank) give the sums of allreduce_check's
 references, for the torus on every grid, the ring and the leader-based hierarchical all-reduce;
 and a group's all-gather with unequal first dimensions and its max/min equal Horovod's.
@@ -7,16 +7,16 @@ Run in a world started by tftorus.init() on the Horovod engine (the four-rank su
 allreduce_check, whose inputs and references it reuses); the GlobalSetCommunicator is made
 here, beside the process sets of that world, as an elastic job's init() would make it.
 """
+import allreduce_check as ac  # noqa: E402  (tests/workers, the script's own folder)
 import horovod.tensorflow as hvd
 import numpy as np
-import tensorflow as tf
-
-import allreduce_check as ac  # noqa: E402  (tests/workers, the script's own folder)
 import pipeline_and_wire  # noqa: E402
 import report  # noqa: E402
+import tensorflow as tf
+
 import tftorus
-from tftorus.global_set_engine import GlobalSetCommunicator
-from tftorus.grid import divisors, parse_grid
+from tftorus.engines.horovod_elastic_engine import GlobalSetCommunicator
+from tftorus.torus.grid import divisors, parse_grid
 
 
 def main():

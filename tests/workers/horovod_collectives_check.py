@@ -1,5 +1,5 @@
-"""Worker: Horovod 0.28.1's collectives on the tf engine (tftorus/horovod_collectives.py,
-process_sets.py, horovod_objects.py), each against NumPy, in three modes: eagerly, inside one
+"""Worker: Horovod 0.28.1's collectives on the tf engine (tftorus/horovod_api/mpi_ops.py,
+process_sets.py, functions.py), each against NumPy, in three modes: eagerly, inside one
 tf.function, and in a TF1 graph that a tf.compat.v1.Session runs.
 
     python -m tftorus.run -np N tests/workers/horovod_collectives_check.py   (N = 2, 3, 4)
@@ -405,6 +405,7 @@ def objects(mode):
 
 
 import time  # noqa: E402
+
 T0 = time.time()
 process_set_api()
 print(f"[rank {rank}] sets {time.time() - T0:.1f}", flush=True)

@@ -44,8 +44,9 @@ import tensorflow as tf  # noqa: E402
 import tftorus  # noqa: E402
 import tftorus.keras  # noqa: E402
 from official_resnet.model.recipe_model import RecipeModel  # noqa: E402
-from tftorus import algorithms, context, fusion, world  # noqa: E402
 from tests.workers.report import finish  # noqa: E402
+from tftorus.runtime import process_state, world  # noqa: E402
+from tftorus.torus import algorithms, fusion
 
 SLOW_MATMULS = 150  # of 512 x 512: 0.4 to 0.9 s per rank here, above the ranks' skew
 STEPS = 4  # the first traces; three measured
@@ -166,7 +167,7 @@ def main():
     model, overlap = run(threshold_bytes=64 << 10)  # several buckets, ready order
     _, joined = run(threshold_bytes=1 << 30)  # one bucket: the control
     recipe = run_recipe()
-    comm = context.communicator()
+    comm = process_state.communicator()
     # On Horovod a flat sum goes tensor by tensor (Horovod fuses what is ready): it overlaps as
     # Horovod's own optimizer does, with no bucket of ours, even with one 'bucket' planned.
     flat = every_rank(run(threshold_bytes=1 << 30, algorithm="ring")[1]) if ENGINE == "horovod" \
@@ -199,7 +200,7 @@ def main():
                             f"{np.round(joined[step], 3).tolist()} s; expected > 0 on every rank")
     # Every rank plans the same buckets and algorithms.
     grads = [tf.zeros(v.shape, v.dtype) for v in model.trainable_variables]
-    grid = context.grid_for("torus", GRID)
+    grid = process_state.grid_for("torus", GRID)
     plan = [(algorithms.choose("auto", grid, comm, b.nbytes), b.indices,
              b.shapes) for b in fusion.plan_buckets(grads, 64 << 10)]
     digest = zlib.crc32(json.dumps(plan, default=str).encode())

@@ -18,7 +18,8 @@ import numpy as np
 import tensorflow as tf
 
 import tftorus
-from tftorus import algorithms, context
+from tftorus.runtime import process_state
+from tftorus.torus import algorithms
 
 
 def two_phase_grids(grids, size):
@@ -31,7 +32,7 @@ def check_chunks(label, inputs, grid, failures, compression=tftorus.Compression.
     """Chunked (2 and 3 chunks; 2 chunks of 64-byte buckets, which go as one pipeline on the
     tf engine: algorithms.torus_pipeline) against unchunked: bit for bit where the sums' order
     is fixed (see above), else within FP32 rounding. Returns the number of checks."""
-    comm = context.communicator()
+    comm = process_state.communicator()
     torus_grid = tftorus.resolve_grid(grid, comm.size)
     fixed_order = (compression is not tftorus.Compression.none or torus_grid.y <= 2
                    or algorithms.ordered_column(torus_grid, comm, tf.float32))
@@ -89,11 +90,11 @@ def check_wire(grid, rank, failures) -> int:
     """Every data collective of an FP16 / BF16-compressed torus, ring and hierarchical all-reduce
     of FP32 tensors gets a 16-bit tensor (the tf engine moves BF16 bits as FP16, which its
     gather ops take); uncompressed, FP32. Returns the number of checks."""
-    comm, checks = context.communicator(), 0
+    comm, checks = process_state.communicator(), 0
     rng = np.random.RandomState(rank)
     inputs = [tf.constant(rng.standard_normal(s).astype(np.float32)) for s in ((301,), (7, 40))]
     for algorithm in ("torus", "ring", "hierarchical"):
-        torus_grid = context.grid_for(algorithm, grid if algorithm == "torus" else None)
+        torus_grid = process_state.grid_for(algorithm, grid if algorithm == "torus" else None)
         for compression, wire in ((tftorus.Compression.none, tf.float32),
                                   (tftorus.Compression.fp16, tf.float16),
                                   (tftorus.Compression.bf16, tf.bfloat16)):

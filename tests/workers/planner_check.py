@@ -21,11 +21,12 @@ import os
 import time
 
 import numpy as np
+import report  # noqa: E402  (tests/workers)
 import tensorflow as tf
 
 import tftorus
-from tftorus import context, link_probe, planner, reduction
-import report  # noqa: E402  (tests/workers)
+from tftorus.planning import link_probe, planner
+from tftorus.runtime import process_state, reduction
 
 
 def _agree(comm, links: planner.Links, failures) -> None:
@@ -69,7 +70,7 @@ def _fit_replans(rank: int):
     if not any("exposed" in p.why for p in reduction._plans.values()):
         out.append("no plan was judged by the step after replan()")
     mine = tf.concat([tf.reshape(v, [-1]) for v in model.trainable_variables], 0)
-    comm = context.communicator()  # the engine's own: Horovod's runtime may not run here
+    comm = process_state.communicator()  # the engine's own: Horovod's runtime may not run here
     both = comm.all_reduce(tf.concat([mine, -mine], 0), comm.all_ranks(), op="max").numpy()
     if not np.array_equal(both[:mine.shape[0]], -both[mine.shape[0]:]):
         out.append("the ranks' weights differ after the re-planned steps")
@@ -87,11 +88,11 @@ def _stall_this_task() -> None:
 def main():
     _stall_this_task()
     tftorus.init(engine=os.environ.get("TFTORUS_ENGINE") or None)
-    comm = context.communicator()
+    comm = process_state.communicator()
     rank, size, local = comm.rank, comm.size, comm.local_size
     checks, failures = 0, []
     if local < size:  # several hosts: init() probed
-        links = context.links()
+        links = process_state.links()
         checks += 1
         if links is None or not links.source.startswith("measured"):
             failures.append(f"init() on {size // local} hosts left no measured links: {links}")

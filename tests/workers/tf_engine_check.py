@@ -23,8 +23,9 @@ import argparse
 import numpy as np
 
 import tftorus
-from tftorus import context, tf_cluster
-from tftorus.grid import divisors, parse_grid
+from tftorus.cluster import tf_cluster
+from tftorus.runtime import process_state
+from tftorus.torus.grid import divisors, parse_grid
 
 args = argparse.ArgumentParser()
 args.add_argument("--timeout", type=float, default=120.0)
@@ -39,11 +40,11 @@ GRIDS = [f"{n_guess // x}x{x}" for x in divisors(n_guess)]
 tftorus.init(grid=GRIDS[len(GRIDS) // 2], extra_grids=GRIDS, engine="tf",
              collective_timeout=opts.timeout)
 
-import tensorflow as tf  # noqa: E402
 import pipeline_and_wire  # noqa: E402  (tests/workers)
 import report  # noqa: E402
+import tensorflow as tf  # noqa: E402
 
-comm = context.communicator()
+comm = process_state.communicator()
 RANK, N = comm.rank, comm.size
 TOL = {tf.float64: 1e-12, tf.float32: 1e-6, tf.float16: 2e-3, tf.bfloat16: 2e-2}
 failures = []

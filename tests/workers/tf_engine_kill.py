@@ -16,7 +16,7 @@ import threading
 import time
 
 import tftorus
-from tftorus import context
+from tftorus.runtime import process_state
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--timeout", type=float, required=True)
@@ -32,9 +32,10 @@ began = time.monotonic()  # the peer health monitor starts inside init() and cou
 tftorus.init(engine="tf", collective_timeout=opts.timeout)
 
 import tensorflow as tf  # noqa: E402
-from tftorus.tf_collective_engine import CollectiveError, translate_errors  # noqa: E402
 
-rank = context.communicator().rank
+from tftorus.engines.tf_engine import CollectiveError, translate_errors  # noqa: E402
+
+rank = process_state.communicator().rank
 
 
 def die():

@@ -1,16 +1,16 @@
 """Worker: 1000 collectives in traced steps, then 1000 eager ones, with the default 300 s
 collective timeout; prints how many threads the process grew by over each. TF's own per-op
 timeout holds 2 threads per op for the whole timeout: traced collectives get none, eager ones
-at most tf_collective_engine.EAGER_TIMED_LIMIT at a time."""
+at most tf_engine.EAGER_TIMED_LIMIT at a time."""
 import os
 
 import tensorflow as tf
 
 import tftorus
-from tftorus import context
+from tftorus.runtime import process_state
 
 tftorus.init(engine="tf")
-comm = context.communicator()
+comm = process_state.communicator()
 
 
 def threads() -> int:

@@ -18,7 +18,7 @@ OUT/MODE/rankR.npz and printing "[MODE] ..." lines, so one launch serves several
 
 TFTORUS_ENGINE=tf runs the same on the tf engine (TensorFlow's collective ops), under horovodrun
 or as TF_CONFIG processes: no Horovod runtime then, so Horovod's callbacks are left out (the
-initial broadcast is explicit anyway) and rank, size and broadcast come from tftorus.world.
+initial broadcast is explicit anyway) and rank, size and broadcast come from tftorus.runtime.world.
 """
 import os
 import sys
@@ -26,8 +26,8 @@ import sys
 import numpy as np
 import tensorflow as tf
 
-import tftorus.keras as hvd  # the one-line change from `import horovod.tensorflow.keras as hvd`
 import tftorus
+import tftorus.keras as hvd  # the one-line change from `import horovod.tensorflow.keras as hvd`
 
 STEPS, GLOBAL_BATCH, CLASSES = 20, 32, 5
 ENGINE = os.environ.get("TFTORUS_ENGINE", "horovod")
@@ -72,11 +72,11 @@ def main():
 
 
 def train(mode, out_dir):
-    rank, size = tftorus.world.rank(), tftorus.world.size()
+    rank, size = tftorus.runtime.world.rank(), tftorus.runtime.world.size()
     x, y = data()
     x, y = shard(x, rank, size), shard(y, rank, size)
     net = model(seed=rank)
-    tftorus.world.broadcast_variables(net.variables, root_rank=0)  # all start from rank 0's weights
+    tftorus.runtime.world.broadcast_variables(net.variables, root_rank=0)  # all start from rank 0's weights
     loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     legacy = mode in ("fit_legacy", "accumulate")
     sgd = tf.keras.optimizers.legacy.SGD if legacy else tf.keras.optimizers.SGD

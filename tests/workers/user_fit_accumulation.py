@@ -116,12 +116,13 @@ def order_check(tf, hvd, rank):
 
 def main(out_dir):
     import tensorflow as tf
+
     import tftorus
     import tftorus.keras as hvd  # the one-line change from horovod.tensorflow.keras
 
     engine = os.environ.get("TFTORUS_ENGINE")  # None: the stack's default
     hvd.init(engine=engine)
-    rank, size = tftorus.world.rank(), tftorus.world.size()
+    rank, size = tftorus.runtime.world.rank(), tftorus.runtime.world.size()
     ordered = order_check(tf, hvd, rank)
     x, y = data(size)
     inputs = tf.keras.Input((FEATURES,))

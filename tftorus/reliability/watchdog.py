@@ -1,0 +1,509 @@
+"""Worker-loss detection independent of the collectives: UDP heartbeats to rank 0.
+
+A worker that dies or stalls leaves its peers blocked in a collective that never completes (the
+Horovod engine has no timeout at all; the tf engine's names no rank). The watchdog runs beside the
+collectives:
+
+* rank 0 listens on a UDP socket; its address reaches every rank at start-up through one
+  all-reduce (loopback when all ranks share a host, else this host's address, or
+  TFTORUS_WATCHDOG_HOST);
+* every rank's background thread sends {rank, progress counter, what, phase, epoch, step} each
+  interval (heartbeat timeout / 10, at most 1 s); rank 0 answers with the world's verdict,
+  and sends a verdict, once reached, to every rank unasked;
+* a rank silent for more than the heartbeat timeout is *lost*; a rank whose progress has not
+  moved for more than the stall timeout while another rank has moved past it is *stalled*; a rank
+  that hears nothing from rank 0 for more than the heartbeat timeout declares rank 0 lost;
+* on a verdict each rank prints one line to stderr naming the rank and what it and this rank were
+  doing, and exits with status 4 (os._exit: nothing may wait for the lost peer).
+
+The training loop reports progress with `progress(what, phase, epoch, step)`: a few attribute
+assignments, safe to call with no watchdog running. `stop()` before the final shutdown announces
+that this rank finished, so a normal end is never reported as a loss.
+
+`handle_termination()` (with SIGTERM/SIGINT blocked in the main thread before TensorFlow starts
+its threads) turns the launcher's SIGTERM into one line naming what this rank was doing: a Python
+signal handler would never run while the main thread is blocked inside a TensorFlow op.
+"""
+import ctypes
+import dataclasses
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from typing import Callable, Dict, List, Optional, Tuple
+
+EXIT_STATUS = 4
+ENV_HOST = "TFTORUS_WATCHDOG_HOST"
+
+
+# ------------------------------------------------------------------------------------------------
+# What this process is doing (updated by the training loop, read by the watchdog thread).
+# ------------------------------------------------------------------------------------------------
+class _Progress:
+    __slots__ = ("counter", "what", "phase", "epoch", "step")
+
+    def __init__(self):
+        self.counter, self.what, self.phase, self.epoch, self.step = 0, "start-up", None, None, None
+
+    def as_dict(self) -> dict:
+        return {"c": self.counter, "w": self.what, "p": self.phase, "e": self.epoch, "s": self.step}
+
+
+_progress = _Progress()
+
+
+def progress(what: str, phase: Optional[int] = None, epoch: Optional[float] = None,
+             step: Optional[int] = None, shared: bool = True) -> None:
+    """Record what this rank is starting now, at the given place in training (a place not given
+    stays as last recorded: a callback that knows only what it does keeps the trainer's phase,
+    epoch and step). shared=False for work only some ranks do (rank 0's checkpoint): it changes
+    what is reported but not the progress counter the stall rule compares across ranks."""
+    p = _progress
+    p.what = what
+    p.phase, p.epoch, p.step = (p.phase if phase is None else phase,
+                                p.epoch if epoch is None else epoch,
+                                p.step if step is None else step)
+    if shared:
+        p.counter += 1
+
+
+def describe_progress(info: Optional[dict]) -> str:
+    """'phase 1, epoch 0.42, step 17, train step' from a heartbeat's fields."""
+    if not info:
+        return "no heartbeat yet (start-up)"
+    parts = []
+    if info.get("p") is not None:
+        parts.append(f"phase {info['p']}")
+    if info.get("e") is not None:
+        parts.append(f"epoch {info['e']:.2f}")
+    if info.get("s") is not None:
+        parts.append(f"step {info['s']}")
+    parts.append(str(info.get("w") or "?"))
+    return ", ".join(parts)
+
+
+# ------------------------------------------------------------------------------------------------
+# The verdict logic (pure; a fake clock in tests).
+# ------------------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class Verdict:
+    kind: str  # 'lost' or 'stalled'
+    ranks: List[int]
+    text: str
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "ranks": self.ranks, "text": self.text}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Verdict":
+        return cls(d["kind"], list(d["ranks"]), d["text"])
+
+
+class Monitor:
+    """Rank 0's view of the world: when each rank was last heard and last made progress."""
+
+    def __init__(self, size: int, heartbeat_timeout: float, stall_timeout: float,
+                 clock: Callable[[], float] = time.monotonic):
+        self.size, self.clock = size, clock
+        self.heartbeat_timeout, self.stall_timeout = heartbeat_timeout, stall_timeout
+        now = clock()
+        self.seen = [now] * size
+        self.changed = [now] * size
+        self.counter = [0] * size
+        self.info: List[Optional[dict]] = [None] * size
+        self.finished = [False] * size
+
+    def heard(self, rank: int, info: dict, finished: bool = False) -> None:
+        now = self.clock()
+        self.seen[rank] = now
+        if info.get("c", 0) != self.counter[rank] or self.info[rank] is None:
+            self.changed[rank] = now
+            self.counter[rank] = info.get("c", 0)
+        self.info[rank] = info
+        self.finished[rank] = self.finished[rank] or finished
+
+    def verdict(self) -> Optional[Verdict]:
+        now = self.clock()
+        live = [r for r in range(self.size) if not self.finished[r]]
+        lost = sorted((r for r in live if now - self.seen[r] > self.heartbeat_timeout),
+                      key=lambda r: self.seen[r])
+        if lost:
+            return Verdict("lost", lost, "; ".join(
+                f"rank {r} lost: no heartbeat for {now - self.seen[r]:.1f} s (last seen: "
+                f"{describe_progress(self.info[r])})" for r in lost))
+        stalled = [r for r in live if now - self.changed[r] > self.stall_timeout
+                   and any(self.counter[o] > self.counter[r] for o in range(self.size) if o != r)]
+        if stalled:
+            stalled.sort(key=lambda r: self.changed[r])
+            return Verdict("stalled", stalled, "; ".join(
+                f"rank {r} stalled: no progress for {now - self.changed[r]:.1f} s while other "
+                f"ranks moved on (stuck in: {describe_progress(self.info[r])})" for r in stalled))
+        return None
+
+
+class Rank0Monitor:
+    """A non-zero rank's view: when rank 0 last answered."""
+
+    def __init__(self, heartbeat_timeout: float, clock: Callable[[], float] = time.monotonic):
+        self.heartbeat_timeout, self.clock = heartbeat_timeout, clock
+        self.last_reply = clock()
+        self.rank0_info: Optional[dict] = None
+        self.rank0_finished = False
+
+    def replied(self, rank0_info: Optional[dict], finished: bool = False) -> None:
+        self.last_reply = self.clock()
+        self.rank0_info = rank0_info or self.rank0_info
+        self.rank0_finished = self.rank0_finished or finished
+
+    def verdict(self) -> Optional[Verdict]:
+        silent = self.clock() - self.last_reply
+        if self.rank0_finished or silent <= self.heartbeat_timeout:
+            return None
+        return Verdict("lost", [0], f"rank 0 lost: no reply for {silent:.1f} s (last seen: "
+                                    f"{describe_progress(self.rank0_info)})")
+
+
+# ------------------------------------------------------------------------------------------------
+# The background thread.
+# ------------------------------------------------------------------------------------------------
+def interval_for(heartbeat_timeout: float) -> float:
+    return max(0.05, min(1.0, heartbeat_timeout / 10.0))
+
+
+class Watchdog:
+    def __init__(self, rank: int, size: int, address: Tuple[str, int], heartbeat_timeout: float,
+                 stall_timeout: float, sock: Optional[socket.socket] = None,
+                 exit: Callable[[int], None] = os._exit):
+        self.rank, self.size, self.address = rank, size, address
+        self.heartbeat_timeout, self.stall_timeout = heartbeat_timeout, stall_timeout
+        self.interval = interval_for(heartbeat_timeout)
+        self._exit = exit
+        self._stop = threading.Event()
+        self._verdict: Optional[Verdict] = None
+        self._got_verdict = threading.Event()
+        self._defer_exit = False  # the main thread waits for the verdict (a failed collective)
+        self._lock = threading.Lock()
+        self.sock = sock or socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.settimeout(self.interval)
+        if rank == 0:
+            self.monitor = Monitor(size, heartbeat_timeout, stall_timeout)
+            self.peers: Dict[int, tuple] = {}
+        else:
+            self.monitor = Rank0Monitor(heartbeat_timeout)
+        self.thread = threading.Thread(target=self._run, name="tftorus-watchdog", daemon=True)
+
+    def start(self) -> "Watchdog":
+        self.thread.start()
+        return self
+
+    # -- wire ------------------------------------------------------------------------------------
+    def _send(self, payload: dict, to) -> None:
+        try:
+            self.sock.sendto(json.dumps(payload).encode(), to)
+        except OSError:
+            pass  # a full buffer or an unreachable peer: the timeouts decide
+
+    def _status(self) -> dict:
+        return {"v": self._verdict.to_json() if self._verdict else None,
+                "i": _progress.as_dict(), "f": self._stop.is_set()}
+
+    def _run(self):
+        try:
+            (self._serve if self.rank == 0 else self._beat)()
+        except Exception as e:  # never take the job down for a watchdog bug
+            print(f"tftorus watchdog (rank {self.rank}): stopped: {e!r}", file=sys.stderr,
+                  flush=True)
+
+    def _serve(self):
+        next_check = 0.0
+        while not self._stop.is_set():
+            try:
+                data, peer = self.sock.recvfrom(65536)
+                msg = json.loads(data)
+                r = int(msg["r"])
+                if 0 < r < self.size:
+                    self.peers[r] = peer
+                    self.monitor.heard(r, msg["i"], finished=bool(msg.get("f")))
+                    self._send(self._status(), peer)
+            except socket.timeout:
+                pass
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                if self._stop.is_set():  # else a stray or malformed datagram: ignore it
+                    return
+            now = time.monotonic()
+            if now >= next_check and not self._stop.is_set():
+                next_check = now + self.interval
+                self.monitor.heard(0, _progress.as_dict())
+                if self._verdict is None:
+                    verdict = self.monitor.verdict()
+                    if verdict is not None:
+                        # answer the live ranks for a moment so they all hear who was lost
+                        self._decide(verdict, grace=2 * self.interval + 0.5)
+                        self._push()
+
+    def _push(self):
+        """Rank 0: send the verdict to every rank heard so far, unasked. A rank whose watchdog
+        thread cannot run while rank 0 answers (its main thread holding the interpreter in a
+        blocked call) finds it waiting in its socket once it runs, instead of rank 0's silence."""
+        for peer in list(self.peers.values()):
+            self._send(self._status(), peer)
+
+    def _exit_later(self, grace: float):
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+        if self.rank == 0:
+            self._push()  # once more: a network may drop a datagram (loopback does not)
+        if not self._defer_exit:
+            self._exit(EXIT_STATUS)
+
+    def _beat(self):
+        next_send = 0.0
+        while not self._stop.is_set():
+            now = time.monotonic()
+            if now >= next_send:
+                next_send = now + self.interval
+                self._send({"r": self.rank, "i": _progress.as_dict()}, self.address)
+                if self._verdict is None:
+                    # replies already waiting count first: a thread starved by a loaded machine
+                    # would otherwise judge rank 0 silent while its verdict sits in the socket
+                    if not self._drain():
+                        return
+                    verdict = self.monitor.verdict() if self._verdict is None else None
+                    if verdict is not None:  # rank 0 is gone: nobody to wait for
+                        self._decide(verdict, grace=0.0)
+            try:
+                self._handle(self.sock.recvfrom(65536)[0])
+            except socket.timeout:
+                pass
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                if self._stop.is_set():  # else a stray or malformed datagram: ignore it
+                    return
+
+    def _drain(self) -> bool:
+        """Handle every datagram already received; False once the watchdog is stopping."""
+        while True:
+            try:
+                data, _ = self.sock.recvfrom(65536, socket.MSG_DONTWAIT)
+            except (BlockingIOError, socket.timeout):
+                return True
+            except OSError:
+                return not self._stop.is_set()
+            try:
+                self._handle(data)
+            except (ValueError, KeyError, TypeError, AttributeError):
+                pass  # a stray or malformed datagram
+
+    def _handle(self, data: bytes) -> None:
+        msg = json.loads(data)
+        self.monitor.replied(msg.get("i"), finished=bool(msg.get("f")))
+        if msg.get("v") and self._verdict is None:
+            # not at once: a peer still waiting for its reply would see this rank's exit
+            # (Gloo aborts) before it hears the verdict
+            self._decide(Verdict.from_json(msg["v"]), grace=self.interval + 0.5)
+
+    def _decide(self, verdict: Verdict, grace: float):
+        with self._lock:
+            if self._verdict is not None:
+                return
+            self._verdict = verdict
+        self._got_verdict.set()
+        if self._defer_exit:
+            return  # the main thread reports it with its own error
+        print(self.line(verdict), file=sys.stderr, flush=True)
+        if grace <= 0:
+            self._exit(EXIT_STATUS)
+        else:
+            threading.Thread(target=self._exit_later, args=(grace,), daemon=True).start()
+
+    def line(self, verdict: Verdict) -> str:
+        return (f"tftorus watchdog: {verdict.text}; rank {self.rank} was in "
+                f"{describe_progress(_progress.as_dict())}; stopping")
+
+    # -- main thread -----------------------------------------------------------------------------
+    def wait_verdict(self, timeout: float) -> Optional[Verdict]:
+        """The verdict, waiting up to `timeout` s for one (after a failed collective)."""
+        self._defer_exit = True
+        self._got_verdict.wait(timeout)
+        if self._verdict is not None and self.rank == 0:
+            time.sleep(2 * self.interval + 0.5)  # keep answering: the others learn it from us
+        return self._verdict
+
+    def stop(self):
+        """This rank finished normally: tell rank 0 (or, on rank 0, the others) and stop."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        if self.rank == 0:
+            for peer in list(self.peers.values()):
+                self._send(self._status(), peer)
+        else:
+            for _ in range(3):  # loopback UDP does not drop, but a network might
+                self._send({"r": self.rank, "i": _progress.as_dict(), "f": True}, self.address)
+        self.thread.join(timeout=2 * self.interval + 1.0)
+        self.sock.close()
+
+
+# ------------------------------------------------------------------------------------------------
+# Module-level API for the training script.
+# ------------------------------------------------------------------------------------------------
+_current: Optional[Watchdog] = None
+_rank: Optional[int] = None  # this process' rank, once start() knows it
+
+
+def _advertised_host(all_local: bool) -> str:
+    host = os.environ.get(ENV_HOST, "").strip()
+    if host:
+        return socket.gethostbyname(host)
+    if all_local:
+        return "127.0.0.1"
+    # horovodrun names each host as given in -H; else the machine's own name
+    address = socket.gethostbyname(os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname())
+    if address.startswith("127."):
+        raise RuntimeError(
+            f"the watchdog of a multi-host job would listen on {address}, a loopback address "
+            f"the other hosts cannot reach; set {ENV_HOST} to an address of rank 0's host that "
+            f"they can reach")
+    return address
+
+
+def start(heartbeat_timeout: float, stall_timeout: float) -> Optional[Watchdog]:
+    """Start this rank's watchdog (a collective: every rank calls it at the same point).
+    Nothing to watch in a world of one."""
+    global _current, _rank
+    import tensorflow as tf
+
+    from tftorus.runtime import process_state, world
+    from tftorus.runtime.stack import hvd
+
+    if heartbeat_timeout <= 0 or stall_timeout <= 0:
+        raise ValueError("the watchdog's heartbeat and stall timeouts must be > 0 seconds")
+    rank, size = world.rank(), world.size()
+    _rank = rank
+    if size == 1:
+        return None
+    local_size = (hvd.local_size() if process_state.horovod_running()
+                  else process_state.communicator().local_size)
+    sock = None
+    mine = [0] * 5
+    if rank == 0:
+        host = _advertised_host(local_size == size)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        sock.bind(("127.0.0.1" if host == "127.0.0.1" else "0.0.0.0", 0))
+        mine = [int(x) for x in host.split(".")] + [sock.getsockname()[1]]
+    # Only rank 0 adds non-zeros: the sum is rank 0's address on every rank.
+    got = world.allreduce_sum(tf.constant(mine, tf.int32), name="tftorus_watchdog_address")
+    got = [int(x) for x in got.numpy()]
+    address = (".".join(str(x) for x in got[:4]), got[4])
+    _current = Watchdog(rank, size, address, heartbeat_timeout, stall_timeout, sock=sock).start()
+    if process_state.horovod_running():
+        install_terminate_hook()
+    return _current
+
+
+# ------------------------------------------------------------------------------------------------
+# Horovod's background thread dying on a lost peer.
+# ------------------------------------------------------------------------------------------------
+_TERMINATE_HANDLER = ctypes.CFUNCTYPE(None)
+_terminate_hook = None  # (our handler, the one it replaced): kept alive for the process
+
+
+def install_terminate_hook() -> bool:
+    """When a peer dies, Gloo throws in Horovod's background thread, nothing catches it, and
+    std::terminate aborts the process within milliseconds: before the watchdog or the launcher's
+    SIGTERM can say who was lost. This C++ terminate handler says what this rank was doing,
+    then gives them that time (the heartbeat timeout and a little more) before the usual abort,
+    which still prints the C++ error. Returns False where libstdc++ cannot be reached."""
+    global _terminate_hook
+    if _terminate_hook is not None:
+        return True
+    try:
+        set_terminate = ctypes.CDLL("libstdc++.so.6")._ZSt13set_terminatePFvvE
+    except (OSError, AttributeError):
+        return False
+    set_terminate.restype = ctypes.c_void_p
+    set_terminate.argtypes = [_TERMINATE_HANDLER]
+
+    def on_terminate():
+        dog = _current
+        who = _rank if _rank is not None else os.environ.get("HOROVOD_RANK", "?")
+        print(f"tftorus: rank {who} lost a Horovod connection (a peer died or closed it) "
+              f"while in {describe_progress(_progress.as_dict())}; waiting for the watchdog to "
+              f"name the lost rank", file=sys.stderr, flush=True)
+        if dog is not None:  # its verdict, or the launcher's SIGTERM, ends the process
+            dog._got_verdict.wait(dog.heartbeat_timeout + 3 * dog.interval + 2.0)
+            time.sleep(2 * dog.interval + 1.0)
+        previous = _terminate_hook[1]
+        if previous:
+            _TERMINATE_HANDLER(previous)()  # libstdc++'s: prints the exception, aborts
+        os.abort()
+
+    handler = _TERMINATE_HANDLER(on_terminate)
+    _terminate_hook = (handler, None)
+    _terminate_hook = (handler, set_terminate(handler))
+    return True
+
+
+def stop() -> None:
+    """Call before the final shutdown: a normal end is never reported as a loss."""
+    global _current
+    if _current is not None:
+        _current.stop()
+        _current = None
+
+
+def verdict_after_failure(timeout: Optional[float] = None) -> Optional[str]:
+    """After a failed collective: the watchdog's verdict (who was lost), waiting up to `timeout`
+    (default: long enough for a verdict on a peer that died just now: the heartbeat timeout, a
+    heartbeat interval or two and rank 0's answer). The watchdog then leaves the exit to the
+    caller."""
+    if _current is None:
+        return None
+    if timeout is None:
+        timeout = _current.heartbeat_timeout + 3 * _current.interval + 2.0
+    found = _current.wait_verdict(timeout)
+    return found.text if found else None
+
+
+def current() -> Optional[Watchdog]:
+    return _current
+
+
+# ------------------------------------------------------------------------------------------------
+# The launcher's SIGTERM.
+# ------------------------------------------------------------------------------------------------
+TERMINATION_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def block_termination_signals() -> None:
+    """Block SIGTERM/SIGINT in this (main) thread; call before TensorFlow starts any thread so
+    every thread inherits the mask and only `handle_termination`'s thread receives them."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, TERMINATION_SIGNALS)
+
+
+def handle_termination() -> Optional[threading.Thread]:
+    """Start a thread that waits for SIGTERM/SIGINT (blocked beforehand) and exits with one line
+    saying what this rank was doing. Nothing to do if the signals are not blocked."""
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    if not all(s in blocked for s in TERMINATION_SIGNALS):
+        return None
+
+    def wait():
+        sig = signal.sigwait(TERMINATION_SIGNALS)
+        if _current is not None and _current._verdict is not None:
+            os._exit(EXIT_STATUS)  # the watchdog already said why the job stops
+        who = _rank if _rank is not None else os.environ.get("HOROVOD_RANK", "?")
+        name = signal.Signals(sig).name
+        cause = ("the launcher stops the job, usually because another worker failed: see its "
+                 "'Process N exit with status code' line" if sig == signal.SIGTERM else
+                 "interrupted")
+        print(f"tftorus: rank {who} got {name} ({cause}) while in "
+              f"{describe_progress(_progress.as_dict())}; stopping", file=sys.stderr, flush=True)
+        os._exit(128 + sig)
+
+    thread = threading.Thread(target=wait, name="tftorus-signals", daemon=True)
+    thread.start()
+    return thread
