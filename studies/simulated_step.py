@@ -37,12 +37,12 @@ collective):
   default   tftorus' DistributedOptimizer with nothing set: the plan the runtime makes before any
             replan (planner.first_plan on the links the link probe measures, here the simulated
             probe; the engine as tftorus/runtime/reduction.py builds it; the grid as
-            tftorus/process_state.py picks it: plan_grid at init on Horovod, whose process sets are
-            fixed then, re-planned from the links on the tf engine), its buckets' all-reduces queued
-            by planner.timeline, each from its bucket's ready time (the last of its gradients):
-            one collective at a time on the classic stack's Horovod engine, the torus' row and
-            column queues on the current stack's tf engine (and on the classic stack's
-            `default-tf`, tftorus' tf engine beside Horovod). Where the CSV's run logged its
+            tftorus/runtime/process_state.py picks it: plan_grid at init on Horovod, whose process
+            sets are fixed then, re-planned from the links on the tf engine), its buckets'
+            all-reduces queued by planner.timeline, each from its bucket's ready time (the last of
+            its gradients): one collective at a time on the classic stack's Horovod engine, the
+            torus' row and column queues on the current stack's tf engine (and on the classic
+            stack's `default-tf`, tftorus' tf engine beside Horovod). Where the CSV's run logged its
             links and plans (its rank logs beside it), the table says whether the model's plan is
             the run's; --run-links plans on the run's links instead of the simulated probe's.
   replanned the same after ReplanCallback: planner.plan with the gradients' ready times after the
@@ -453,7 +453,7 @@ def tftorus_engine(cluster: SimulatedCluster, grid: TorusGrid, engine: str,
 
 def tftorus_grid(cluster: SimulatedCluster, engine: str, links: planner.Links) -> TorusGrid:
     """The grid tftorus runs on: plan_grid at init on Horovod (its process sets are fixed
-    then), re-planned from the links on the tf engine (tftorus/process_state.py)."""
+    then), re-planned from the links on the tf engine (tftorus/runtime/process_state.py)."""
     if engine == "horovod":
         return plan_grid(cluster.size, cluster.local_size)
     from tftorus.runtime import process_state

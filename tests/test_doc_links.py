@@ -153,6 +153,36 @@ class DocLinksTest(unittest.TestCase):
         self.assertEqual(missing, [], "doc pages named in the code that do not exist:\n"
                          + "\n".join(missing))
 
+    def test_every_source_file_the_docs_and_code_name_exists(self):
+        """Paths such as tftorus/runtime/reduction.py and dotted modules of the packages' rooms
+        such as tftorus.runtime.reduction, named in the docs or the code, are there: a module
+        that moves takes every mention along."""
+        path = re.compile(r"(?<![\w/.-])((?:tftorus|official_resnet|studies|flags|run_scripts|"
+                          r"tests)/[A-Za-z0-9_/]*?\.(?:py|sh))\b")
+        dotted = re.compile(r"(?<![\w/.-])((?:tftorus|official_resnet)\.[a-z_0-9]+\.[a-z_0-9]+)")
+        rooms = {"tftorus": [d for d in os.listdir(os.path.join(ROOT, "tftorus"))  # not keras/:
+                             if os.path.isdir(os.path.join(ROOT, "tftorus", d))  # public names
+                             and d != "keras"],
+                 "official_resnet": [d for d in os.listdir(os.path.join(ROOT, "official_resnet"))
+                                     if os.path.isdir(os.path.join(ROOT, "official_resnet", d))]}
+        files = doc_pages() + [os.path.join(ROOT, "setup.py")]
+        for folder in ("tftorus", "official_resnet", "studies", "run_scripts", "flags", "tests"):
+            files += glob.glob(os.path.join(ROOT, folder, "**", "*.py"), recursive=True)
+        missing = []
+        for name in files:
+            with open(name, encoding="utf-8") as f:
+                for number, line in enumerate(f, 1):
+                    gone = [m for m in path.findall(line)
+                            if not os.path.exists(os.path.join(ROOT, m))]
+                    for m in dotted.findall(line):
+                        package, room, module = m.split(".")
+                        if room in rooms[package] and not any(os.path.exists(os.path.join(
+                                ROOT, package, room, module + ext)) for ext in (".py", "")):
+                            gone.append(m)
+                    missing += [f"{os.path.relpath(name, ROOT)}:{number}: {m}" for m in gone]
+        self.assertEqual(missing, [], "source files named that do not exist:\n"
+                         + "\n".join(missing))
+
     def test_readme_is_short(self):
         with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
             count = len(f.read().splitlines())

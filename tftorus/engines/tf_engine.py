@@ -29,8 +29,8 @@ members never wait for each other's different collective.
 
 TF1 graphs (`with tf.Graph().as_default():` and a tf.compat.v1.Session): such a session runs on
 this process' devices alone, with a collective executor that reaches no peer, and objects made
-for a TF1 graph are unusable anywhere else (tftorus/graph_homes.py). There each call (a whole
-reduction, or one primitive) becomes one py_function that runs its collectives eagerly on the
+for a TF1 graph are unusable anywhere else (tftorus/engines/graph_homes.py). There each call (a
+whole reduction, or one primitive) becomes one py_function that runs its collectives eagerly on the
 cluster's runtime when the session runs it (`as_one_call`).
 
 Reduce-scatter: CollectiveReduceScatterV2 has only a NCCL (GPU) implementation in TF 2.15 (on a
@@ -323,7 +323,7 @@ class TFCollectiveCommunicator(Communicator):
 
     def as_one_call(self, fn, tensors, outputs):
         """In a TF1 graph, `fn`'s collectives as one py_function that runs them eagerly, on the
-        cluster's runtime, when the session runs it (tftorus/graph_homes.py says why and in
+        cluster's runtime, when the session runs it (tftorus/engines/graph_homes.py says why and in
         which order). The call's number in its graph goes into its instance keys
         (`session_salt`), so calls a session runs at the same time never share one. Elsewhere
         (and for no outputs: each primitive is then a call of its own): fn(tensors)."""

@@ -64,7 +64,7 @@ class Clock:
 
 
 class _Unclocked:
-    """A TF1 graph's step (tftorus/graph_homes.py): its session could not use the clocks'
+    """A TF1 graph's step (tftorus/engines/graph_homes.py): its session could not use the clocks'
     eager variables, and replan() reads them eagerly; it keeps the first plan."""
 
     def instrument(self, tensors: Sequence[tf.Tensor]) -> None:

@@ -340,7 +340,8 @@ def world_guard(size: int, grid: TorusGrid):
     if not is_elastic():
         return None
     if graph_homes.lifted_graph() is not None:
-        # a TF1 graph's session cannot read the eager variable below (tftorus/graph_homes.py)
+        # a TF1 graph's session cannot read the eager variable below
+        # (tftorus/engines/graph_homes.py)
         now = tf.numpy_function(lambda: np.int64(_generation), [], tf.int64)
     else:
         if _generation_variable is None:
