@@ -1,5 +1,5 @@
 """Launching the tf engine without Horovod: the local launcher (tftorus/run.py), and the cluster
-found from srun's and mpirun's variables (tftorus/cluster/tf_cluster.py).
+found from srun's and mpirun's variables (tftorus/cluster/discovery.py).
 
 Unit tests (no process): Slurm host lists and tasks per node, srun and mpirun discovery from set
 environments, every bad input's one-line message, mpirun's TCP rendezvous between threads, the
@@ -24,7 +24,7 @@ from unittest import mock
 import tensorflow as tf
 
 from tests import harness
-from tftorus.cluster import tf_cluster
+from tftorus.cluster import discovery, rendezvous, tf_runtime
 from tftorus.launch import local as launcher
 from tftorus.launch import rank_layout
 
@@ -39,9 +39,9 @@ def _environment(values):
     return mock.patch.dict(os.environ, {**clean, **values}, clear=True)
 
 
-def discover(**values) -> tf_cluster.Cluster:
+def discover(**values) -> discovery.Cluster:
     with _environment({k: str(v) for k, v in values.items()}):
-        return tf_cluster._discover(None, None, None, 5.0)
+        return discovery._discover(None, None, None, 5.0)
 
 
 def srun(rank, **extra):
@@ -61,20 +61,20 @@ def mpirun(rank, size, local_rank, local_size, **extra):
 class SlurmListsTest(tf.test.TestCase):
 
     def test_hostlist(self):
-        self.assertEqual(tf_cluster.expand_hostlist("node[01-04,07],gpu-a3"),
+        self.assertEqual(discovery.expand_hostlist("node[01-04,07],gpu-a3"),
                          ["node01", "node02", "node03", "node04", "node07", "gpu-a3"])
-        self.assertEqual(tf_cluster.expand_hostlist("n[1-2],m5,o[3-4,6,7-9]"),  # TF's example
+        self.assertEqual(discovery.expand_hostlist("n[1-2],m5,o[3-4,6,7-9]"),  # TF's example
                          ["n1", "n2", "m5", "o3", "o4", "o6", "o7", "o8", "o9"])
-        self.assertEqual(tf_cluster.expand_hostlist("c[8-10]"), ["c8", "c9", "c10"])
-        self.assertEqual(tf_cluster.expand_hostlist("a[009-011]"), ["a009", "a010", "a011"])
-        self.assertEqual(tf_cluster.expand_hostlist("localhost"), ["localhost"])
-        self.assertEqual(tf_cluster.expand_hostlist("r[1-2]n[1-2]-ib"),
+        self.assertEqual(discovery.expand_hostlist("c[8-10]"), ["c8", "c9", "c10"])
+        self.assertEqual(discovery.expand_hostlist("a[009-011]"), ["a009", "a010", "a011"])
+        self.assertEqual(discovery.expand_hostlist("localhost"), ["localhost"])
+        self.assertEqual(discovery.expand_hostlist("r[1-2]n[1-2]-ib"),
                          ["r1n1-ib", "r1n2-ib", "r2n1-ib", "r2n2-ib"])
 
     def test_tasks_per_node(self):
-        self.assertEqual(tf_cluster.expand_tasks_per_node("4(x2),2"), [4, 4, 2])
-        self.assertEqual(tf_cluster.expand_tasks_per_node("3"), [3])
-        self.assertEqual(tf_cluster.expand_tasks_per_node("1(x3),2(x2)"), [1, 1, 1, 2, 2])
+        self.assertEqual(discovery.expand_tasks_per_node("4(x2),2"), [4, 4, 2])
+        self.assertEqual(discovery.expand_tasks_per_node("3"), [3])
+        self.assertEqual(discovery.expand_tasks_per_node("1(x3),2(x2)"), [1, 1, 1, 2, 2])
 
     def test_bad_lists(self):
         for bad, why in [("node[01-04", "unbalanced brackets"), ("a]b", "unbalanced"),
@@ -82,11 +82,11 @@ class SlurmListsTest(tf.test.TestCase):
                          ("n[5-3]", "runs backwards"), ("n[[1]]", "unbalanced")]:
             with self.assertRaisesRegex(ValueError, rf"^X={re.escape(repr(bad))} is not a Slurm "
                                                     rf"host list: .*{why}"):
-                tf_cluster.expand_hostlist(bad, "X")
+                discovery.expand_hostlist(bad, "X")
         for bad in ("4(x)", "0", "two", "4(x0)", "", "4,,2"):
             with self.assertRaisesRegex(ValueError, r"is not Slurm's tasks per node \(counts "
                                                     r"like '4\(x2\),2'"):
-                tf_cluster.expand_tasks_per_node(bad)
+                discovery.expand_tasks_per_node(bad)
 
 
 class SlurmDiscoveryTest(tf.test.TestCase):
@@ -98,7 +98,7 @@ class SlurmDiscoveryTest(tf.test.TestCase):
         self.assertEqual(c.workers, ("node01:8888", "node01:8889", "node01:8890", "node01:8891",
                                      "node02:8888", "node02:8889", "node02:8890", "node02:8891",
                                      "gpu-a3:8888", "gpu-a3:8889"))
-        self.assertEqual(tf_cluster.DEFAULT_PORT, 8888)
+        self.assertEqual(discovery.DEFAULT_PORT, 8888)
         c = discover(**srun(9, TFTORUS_TF_PORT=9000, SLURMD_NODENAME="gpu-a3"))
         self.assertEqual((c.local_rank, c.local_size, c.workers[9], c.workers[0]),
                          (1, 2, "gpu-a3:9001", "node01:9000"))
@@ -214,7 +214,7 @@ def _exchange(ranks, size, port, timeout, sizes=None):
 
     def one(rank):
         try:
-            results[rank] = tf_cluster.exchange_addresses(
+            results[rank] = rendezvous.exchange_addresses(
                 rank, (sizes or {}).get(rank, size), f"host{rank}:{100 + rank}",
                 ("127.0.0.1", port), timeout)
         except Exception as e:  # noqa: BLE001  (the test looks at it)
@@ -306,7 +306,8 @@ def horovod_values(host, rank, size, local_rank, local_size, cross_rank, cross_s
 
 class HorovodVariablesTest(tf.test.TestCase):
     """The HOROVOD_* variables horovodrun gives, as tftorus.run and the tf engine's init give
-    them (tftorus.launch.rank_layout.horovod_variables, tftorus.cluster.tf_cluster.horovod_variables)."""
+    them (tftorus.launch.rank_layout.horovod_variables,
+    tftorus.cluster.tf_runtime.horovod_variables)."""
 
     def test_hosts_of_unequal_slots(self):
         for rank, (host, layout) in enumerate(zip(HOSTS, LAYOUT)):
@@ -334,28 +335,28 @@ class HorovodVariablesTest(tf.test.TestCase):
 
     def test_from_srun_and_mpirun_clusters(self):
         c = discover(**srun(9))  # node[01-02] with 4 tasks each, gpu-a3 with 2
-        self.assertEqual(tf_cluster.horovod_variables(c),
+        self.assertEqual(tf_runtime.horovod_variables(c),
                          horovod_values("gpu-a3", 9, 10, *LAYOUT[9]))
         # loopback is horovodrun's "localhost"
         c = discover(**mpirun(1, 3, 1, 3), TFTORUS_TF_PORT=7000)
-        self.assertEqual(tf_cluster.horovod_variables(c),
+        self.assertEqual(tf_runtime.horovod_variables(c),
                          horovod_values("localhost", 1, 3, 1, 3, 0, 1))
         # mpirun's own local ranks win over one address for every "host"
-        c = tf_cluster.Cluster(("127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3", "127.0.0.1:4"),
+        c = discovery.Cluster(("127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3", "127.0.0.1:4"),
                                3, 1, 2, "mpirun", 60.0)
-        self.assertEqual(tf_cluster.horovod_variables(c),
+        self.assertEqual(tf_runtime.horovod_variables(c),
                          horovod_values("localhost", 3, 4, 1, 2, 1, 2))
 
     def test_init_sets_only_what_is_absent(self):
         c = discover(**srun(5))
         with _environment({"HOROVOD_CROSS_SIZE": "7"}):
-            tf_cluster.publish_horovod_variables(c)
+            tf_runtime.publish_horovod_variables(c)
             self.assertEqual({k: v for k, v in os.environ.items() if k.startswith("HOROVOD_")},
                              {**horovod_values("node02", 5, 10, *LAYOUT[5]),
                               "HOROVOD_CROSS_SIZE": "7"})
         single = discover()
         with _environment({}):
-            tf_cluster.publish_horovod_variables(single)  # no launcher: horovodrun gives none
+            tf_runtime.publish_horovod_variables(single)  # no launcher: horovodrun gives none
             self.assertFalse([k for k in os.environ if k.startswith("HOROVOD_")])
 
     @unittest.skipUnless(harness.HOROVOD, "Horovod's engine: the classic stack")

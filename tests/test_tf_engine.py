@@ -21,7 +21,7 @@ import tensorflow as tf
 
 import tftorus
 from tests import harness
-from tftorus.cluster import tf_cluster
+from tftorus.cluster import discovery, tf_runtime
 from tftorus.engines.tf_engine import EagerTimeouts, explain, tf_member_order
 from tftorus.runtime import process_state, reduction, stack
 
@@ -59,13 +59,13 @@ class ArgumentErrorTest(tf.test.TestCase):
                           "task": {"type": "worker", "index": 0}})
         try:
             with mock.patch.dict(os.environ, {"TF_CONFIG": two}), \
-                    mock.patch.object(tf_cluster, "_discovered", None), \
-                    mock.patch.object(tf_cluster, "_cluster", None):
+                    mock.patch.object(discovery, "_discovered", None), \
+                    mock.patch.object(tf_runtime, "_cluster", None):
                 self.check_too_late()
             # started alone there is no cluster to join: init() goes ahead
-            with mock.patch.dict(os.environ, {v: "" for v in tf_cluster.LAUNCHER_VARIABLES}), \
-                    mock.patch.object(tf_cluster, "_discovered", None), \
-                    mock.patch.object(tf_cluster, "_cluster", None):
+            with mock.patch.dict(os.environ, {v: "" for v in discovery.LAUNCHER_VARIABLES}), \
+                    mock.patch.object(discovery, "_discovered", None), \
+                    mock.patch.object(tf_runtime, "_cluster", None):
                 tftorus.init(engine="tf")
                 self.assertEqual(tftorus.runtime.world.size(), 1)
         finally:
@@ -76,7 +76,7 @@ class ArgumentErrorTest(tf.test.TestCase):
                                                   r"engine='tf'\).*before any other"):
             tftorus.init(engine="tf")
         with self.assertRaisesRegex(RuntimeError, "already started"):
-            tf_cluster.bootstrap()
+            tf_runtime.bootstrap()
 
 
 class DiscoveryTest(tf.test.TestCase):
@@ -87,21 +87,21 @@ class DiscoveryTest(tf.test.TestCase):
 
     def test_tf_config(self):
         workers = ["hostA:2222", "hostA:2223", "hostB:2222", "localhost:1", "127.0.0.1:2"]
-        c = tf_cluster.from_tf_config(self.config(workers, 1), timeout=5)
+        c = discovery.from_tf_config(self.config(workers, 1), timeout=5)
         self.assertEqual((c.rank, c.size, c.local_rank, c.local_size), (1, 5, 1, 2))
         self.assertEqual(c.device, "/job:worker/replica:0/task:1/device:CPU:0")
-        c = tf_cluster.from_tf_config(self.config(workers, 4), timeout=5)
+        c = discovery.from_tf_config(self.config(workers, 4), timeout=5)
         self.assertEqual((c.local_rank, c.local_size), (1, 2))  # loopback names are one host
 
     def test_bad_tf_config(self):
         with self.assertRaisesRegex(ValueError, "TF_CONFIG must look like"):
-            tf_cluster.from_tf_config("{not json", timeout=5)
+            discovery.from_tf_config("{not json", timeout=5)
         with self.assertRaisesRegex(ValueError, "outside the 2 workers"):
-            tf_cluster.from_tf_config(self.config(["a:1", "b:1"], 2), timeout=5)
+            discovery.from_tf_config(self.config(["a:1", "b:1"], 2), timeout=5)
         with self.assertRaisesRegex(ValueError, "one job named 'worker'"):
-            tf_cluster.from_tf_config(self.config(["a:1"], 0, chief=["c:1"]), timeout=5)
+            discovery.from_tf_config(self.config(["a:1"], 0, chief=["c:1"]), timeout=5)
         with self.assertRaisesRegex(ValueError, "not 'host:port'"):
-            tf_cluster.from_tf_config(self.config(["a"], 0), timeout=5)
+            discovery.from_tf_config(self.config(["a"], 0), timeout=5)
 
     def test_member_order_is_device_name_string_order(self):
         device = lambda r: f"/job:worker/replica:0/task:{r}/device:CPU:0"  # noqa: E731

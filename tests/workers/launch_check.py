@@ -1,7 +1,7 @@
 """Worker for tests/test_launchers.py: find the cluster however it was launched, run one real TF
 all-reduce, check it.
 
-  (default)        tftorus.cluster.tf_cluster.bootstrap(), then an all-reduce over every rank of
+  (default)        tftorus.cluster.tf_runtime.bootstrap(), then an all-reduce over every rank of
                    [r + 1, 10 (r + 1)] through TFCollectiveCommunicator; prints
                    "rank R of N (source) local L of LS sum [..] ok" and exits 1 if the sum is wrong.
   --fail-rank R    after that all-reduce rank R exits with --code; the others start a second one,
@@ -26,9 +26,9 @@ if opts.sleep is not None:
     time.sleep(opts.sleep)
     sys.exit(0)
 
-from tftorus.cluster import tf_cluster  # noqa: E402
+from tftorus.cluster import tf_runtime  # noqa: E402
 
-cluster = tf_cluster.bootstrap()  # before any other TensorFlow call
+cluster = tf_runtime.bootstrap()  # before any other TensorFlow call
 
 import tensorflow as tf  # noqa: E402
 

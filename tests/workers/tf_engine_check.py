@@ -23,7 +23,7 @@ import argparse
 import numpy as np
 
 import tftorus
-from tftorus.cluster import tf_cluster
+from tftorus.cluster import discovery, tf_runtime
 from tftorus.runtime import process_state
 from tftorus.torus.grid import divisors, parse_grid
 
@@ -35,7 +35,7 @@ args.add_argument("--light", action="store_true",
 opts = args.parse_args()
 
 # Before any TensorFlow call: the cluster is fixed when TF's runtime starts.
-n_guess = tf_cluster.discover(timeout=opts.timeout).size
+n_guess = discovery.discover(timeout=opts.timeout).size
 GRIDS = [f"{n_guess // x}x{x}" for x in divisors(n_guess)]
 tftorus.init(grid=GRIDS[len(GRIDS) // 2], extra_grids=GRIDS, engine="tf",
              collective_timeout=opts.timeout)
@@ -237,7 +237,7 @@ def main():
         every = [wide(data(r, 600 + i, grads[i].shape, tf.float32)) for r in range(N)]
         compare(f"gradient_reducer average #{i}", got, np.mean(every, 0),
                 np.sum(np.abs(every), 0) / N, 1e-6)
-    report.finish(RANK, checks, failures, what=f"tf engine ({tf_cluster.current().source}), "
+    report.finish(RANK, checks, failures, what=f"tf engine ({tf_runtime.current().source}), "
                                                f"grids {GRIDS}: ")
 
 

@@ -1,3 +1,4 @@
-"""A rank's side of the job's start: find the cluster (TF_CONFIG, srun, mpirun's rendezvous,
-horovodrun) and start TensorFlow's collective runtime over it, before anything else touches
-TensorFlow. Imports launch (the variables a launcher gives a rank)."""
+"""A rank's side of the job's start: where the ranks are (discovery: TF_CONFIG, srun, mpirun with
+its rendezvous, horovodrun) and TensorFlow's collective runtime started over them (tf_runtime),
+before anything else touches TensorFlow. Imports launch (the variables a launcher gives a
+rank)."""

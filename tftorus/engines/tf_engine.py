@@ -1,6 +1,6 @@
 """Communicator on TensorFlow's own collective ops (CollectiveReduceV2, GatherV2, AllToAllV2).
 
-No Horovod: the cluster comes from `tftorus.cluster.tf_cluster.bootstrap()`, and every collective
+No Horovod: the cluster comes from `tftorus.cluster.tf_runtime.bootstrap()`, and every collective
 runs on this task's device with a group key, an instance key, an ordering token and a timeout.
 
 Keys. TF identifies a collective by (group key, instance key). The *group key* says which
@@ -79,7 +79,7 @@ import tensorflow as tf
 from tensorflow.python.framework import errors, ops
 from tensorflow.python.ops import collective_ops, gen_collective_ops, resource_variable_ops
 
-from tftorus.cluster.tf_cluster import Cluster
+from tftorus.cluster.discovery import Cluster
 from tftorus.engines import graph_homes, peer_health
 from tftorus.torus.communicator import Communicator, Group, choose_reduce_scatter, sum_in_fp32
 
@@ -188,7 +188,7 @@ class TFCollectiveCommunicator(Communicator):
     def __init__(self, cluster: Cluster, groups: Iterable[Sequence[int]] = (),
                  reduce_scatter_impl: str = "auto", timeout: Optional[float] = None,
                  max_message_bytes: Optional[int] = None):
-        """cluster: from tf_cluster.bootstrap(). groups: every group the grids will use, so
+        """cluster: from tf_runtime.bootstrap(). groups: every group the grids will use, so
         group keys are assigned in one canonical order on every process (others are hashed when
         first used). timeout: seconds per collective (default: the cluster's).
         max_message_bytes: largest block of one all-to-all or all-gather; larger ones go as

@@ -11,7 +11,7 @@ what to use) through `missing()`, which the facades' module __getattr__ calls.
 import keras
 import tensorflow as tf
 
-from tftorus.cluster import tf_cluster
+from tftorus.cluster import discovery, tf_runtime
 from tftorus.horovod_api import functions  # noqa: F401
 from tftorus.horovod_api import mpi_ops  # noqa: F401  Horovod's submodule names
 from tftorus.horovod_api import util  # noqa: F401
@@ -79,10 +79,10 @@ def is_initialized() -> bool:
     return process_state.is_initialized()
 
 
-def _cluster() -> tf_cluster.Cluster:
+def _cluster() -> discovery.Cluster:
     if not process_state.is_initialized():
         raise ValueError("tftorus has not been initialized; use hvd.init() (tftorus.init())")
-    return tf_cluster.current()
+    return tf_runtime.current()
 
 
 def rank() -> int:

@@ -683,9 +683,9 @@ def rank_op(name=None):
 
 @_plain_python
 def local_rank_op(name=None):
-    from tftorus.cluster import tf_cluster
+    from tftorus.cluster import tf_runtime
     _comm()
-    return tf.constant(tf_cluster.current().local_rank, tf.int32, name=name)
+    return tf.constant(tf_runtime.current().local_rank, tf.int32, name=name)
 
 
 @_plain_python

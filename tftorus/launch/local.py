@@ -3,7 +3,7 @@
 Like torchrun's standalone mode, for one machine: it picks N free ports on loopback, starts N
 processes of this Python running the script (or `-m module`) with its arguments, each with a
 TF_CONFIG naming all N (rank = task index), so `tftorus.init(engine="tf")` (or
-`tftorus.cluster.tf_cluster.bootstrap()`) finds the cluster, and the HOROVOD_* variables horovodrun
+`tftorus.cluster.tf_runtime.bootstrap()`) finds the cluster, and the HOROVOD_* variables horovodrun
 gives (HOROVOD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE, _CROSS_RANK, _CROSS_SIZE, _HOSTNAME) unless
 the user set them. Every output line of a rank is prefixed with `[rank] ` (stdout to stdout, stderr
 to stderr, each stream in its order). When a rank exits non-zero the launcher ends the others

@@ -1,7 +1,7 @@
 """What a launcher gives each rank besides its command: horovodrun's HOROVOD_* variables, from
 the hosts the ranks run on. The local launcher (tftorus/launch/local.py) sets them for its
 ranks; a rank that srun, mpirun or a TF_CONFIG started publishes the same values itself at init
-(tftorus/cluster/tf_cluster.py), so scripts written for horovodrun read them whatever started
+(tftorus/cluster/tf_runtime.py), so scripts written for horovodrun read them whatever started
 them. Standard library only."""
 from typing import Dict, Sequence
 

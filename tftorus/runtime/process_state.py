@@ -12,7 +12,7 @@ Each world has a generation number; a reduction traced for an earlier one refuse
 
 `init(engine="tf")` runs the same algorithms on TensorFlow's collective ops instead
 (tftorus/engines/tf_engine.py). It never starts Horovod: the cluster comes from TF_CONFIG or
-horovodrun's rendezvous (tftorus/cluster/tf_cluster.py), and it must be called before any other
+horovodrun's rendezvous (tftorus/cluster/discovery.py), and it must be called before any other
 TensorFlow call, because TF's runtime joins a cluster only when it starts.
 """
 import logging
@@ -105,7 +105,7 @@ def init(grid: GridSpec = None, extra_grids: Iterable[GridSpec] = (),
     engine: 'horovod' (Horovod process sets) or 'tf' (TensorFlow's collective ops, no Horovod;
       call init() first thing, before any other TensorFlow call). None: 'horovod' where
       Horovod is installed (the classic stack), else 'tf' (the current stack).
-    collective_timeout, tf_host, tf_port: tf engine only; see tftorus.cluster.tf_cluster.bootstrap.
+    collective_timeout, tf_host, tf_port: tf engine only; see tftorus.cluster.tf_runtime.bootstrap.
     with_horovod: tf engine under horovodrun only: start Horovod too, with the same grids'
       process sets, so engine='horovod' and Horovod's own functions work beside the tf engine
       (to compare the engines). Off by default: Horovod's background thread costs CPU time.
@@ -201,7 +201,7 @@ def _init_tf(grid, extra_grids, reduce_scatter_impl, collective_timeout, tf_host
              with_horovod):
     """The tf engine: bootstrap TF's cluster (TF_CONFIG or horovodrun); Horovod only if asked."""
     global _state
-    from tftorus.cluster import tf_cluster
+    from tftorus.cluster import discovery, tf_runtime
     from tftorus.engines.tf_engine import TFCollectiveCommunicator
 
     if _state is not None:
@@ -217,11 +217,11 @@ def _init_tf(grid, extra_grids, reduce_scatter_impl, collective_timeout, tf_host
     if reduce_scatter_impl not in (None, "auto", "alltoall", "native"):
         raise ValueError(f"reduce_scatter_impl must be 'alltoall' or 'native' (or None for the "
                          f"engine's choice), got {reduce_scatter_impl!r}")
-    tf_cluster.check_not_started()  # before horovodrun's rendezvous publishes a port
-    cluster = tf_cluster.discover(tf_host, tf_port, collective_timeout)
+    tf_runtime.check_not_started()  # before horovodrun's rendezvous publishes a port
+    cluster = discovery.discover(tf_host, tf_port, collective_timeout)
     # before TF starts
     grids = _grids_for(cluster.size, cluster.local_size, grid, extra_grids, "tf")
-    cluster = tf_cluster.bootstrap(tf_host, tf_port, collective_timeout)
+    cluster = tf_runtime.bootstrap(tf_host, tf_port, collective_timeout)
     comm = TFCollectiveCommunicator(cluster, _groups_of(grids), reduce_scatter_impl or "auto",
                                     collective_timeout)
     horovod_comm = None

@@ -1,8 +1,5 @@
-"""Start TensorFlow's collective runtime for the "tf" engine: find the cluster, then configure TF.
-
-TensorFlow fixes its cluster when its eager context starts (the first tensor, device query or
-tf.function call), so `bootstrap()` must run before anything else touches TF's runtime; it
-raises a RuntimeError naming the fix when it comes too late. It finds the workers from
+"""Where the job's ranks are: every rank's TF server address, this process' rank and its local
+rank, found from what the launcher left in the environment (no TensorFlow involved):
 
   TF_CONFIG    {"cluster": {"worker": ["host:port", ...]}, "task": {"type": "worker", "index": i}}
                as tf.distribute reads it; rank = task index.
@@ -35,14 +32,9 @@ this machine and otherwise HOROVOD_HOSTNAME (horovodrun), the host name (mpirun'
 the node's name in the node list (srun, where one TFTORUS_TF_HOST for several nodes is an
 error). The port is `port` / TFTORUS_TF_PORT plus the local rank (unique per host, and it stays
 below 65536 however many hosts there are), else a free port picked by the OS where addresses are
-exchanged (horovodrun, mpirun's rendezvous), else DEFAULT_PORT plus the local rank.
+exchanged (horovodrun, mpirun's rendezvous), else DEFAULT_PORT plus the local rank. tftorus/cluster/tf_runtime.py
+starts TensorFlow's collective runtime over what is found here.
 
-No coordination service (tf.distribute starts one, with its own start-up registration and
-shutdown barrier): the engine's peer probes (tftorus/engines/peer_health.py; TFTORUS_TF_TIMEOUT,
-default 300 s) already turn a dead peer into an error on every survivor. Measured: a peer SIGKILLed
-mid-collective fails the survivors' collective at once ("Connection reset by peer"); one that
-dies before a collective or stops is found by the probes.
-Task 0 is TF's collective leader: it resolves every group and every new instance key.
 """
 import dataclasses
 import itertools
@@ -52,15 +44,15 @@ import os
 import re
 import socket
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
-from tftorus.launch import rank_layout  # the launcher's HOROVOD_* variables (stdlib only)
+from tftorus.cluster import rendezvous
 
 logger = logging.getLogger(__name__)
 
 JOB = "worker"
 DEFAULT_TIMEOUT_SECONDS = 300.0
-_LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1", "ip6-localhost")
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1", "ip6-localhost")
 _KV_SCOPE = "tftorus_tf_cluster"
 DEFAULT_PORT = 8888  # base port of srun's and one-host mpirun's TF servers (SlurmClusterResolver's)
 
@@ -89,18 +81,7 @@ class Cluster:
         return f"{self.task(self.rank)}/device:CPU:0"
 
 
-_cluster: Optional[Cluster] = None  # started
 _discovered: Optional[Cluster] = None
-
-
-def current() -> Optional[Cluster]:
-    """The cluster `bootstrap()` started, or None."""
-    return _cluster
-
-
-def _context_started() -> bool:
-    from tensorflow.python.eager import context
-    return context.context()._context_handle is not None  # no public accessor in TF 2.15
 
 
 LAUNCHER_VARIABLES = ("TF_CONFIG", "HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID")
@@ -109,17 +90,6 @@ LAUNCHER_VARIABLES = ("TF_CONFIG", "HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "SLUR
 def launched() -> bool:
     """Whether a launcher started this process as one of several (what _discover reads)."""
     return any(os.environ.get(name, "").strip() for name in LAUNCHER_VARIABLES)
-
-
-def check_not_started() -> None:
-    """Raise if TF's runtime already runs here and a launcher says there is a cluster to join:
-    it can then no longer join it. A process started alone has none, so anything goes."""
-    if _cluster is None and launched() and _context_started():
-        raise RuntimeError(
-            "TensorFlow's runtime already started in this process (a tensor, device query or "
-            "tf.function ran), so its collective ops can no longer join a cluster. Call "
-            "tftorus.init(engine='tf') (or tftorus.cluster.tf_cluster.bootstrap()) at program "
-            "start, before any other TensorFlow call")
 
 
 def _float_env(name: str, default: float) -> float:
@@ -150,7 +120,7 @@ def _free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
-def _split(address: str) -> Tuple[str, int]:
+def split_address(address: str) -> Tuple[str, int]:
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit():
         raise ValueError(f"worker address {address!r} is not 'host:port'")
@@ -159,10 +129,10 @@ def _split(address: str) -> Tuple[str, int]:
 
 def _local_ranks(workers, rank) -> Tuple[int, int]:
     """(local rank, local size): tasks sharing this task's host name."""
-    hosts = [_split(w)[0] for w in workers]
+    hosts = [split_address(w)[0] for w in workers]
     mine = hosts[rank]
     same = [i for i, h in enumerate(hosts) if h == mine or
-            (h in _LOOPBACK_NAMES and mine in _LOOPBACK_NAMES)]
+            (h in LOOPBACK_NAMES and mine in LOOPBACK_NAMES)]
     return same.index(rank), len(same)
 
 
@@ -183,7 +153,7 @@ def from_tf_config(raw: str, timeout: float) -> Cluster:
     if not 0 <= index < len(workers):
         raise ValueError(f"TF_CONFIG task index {index} is outside the {len(workers)} workers")
     for w in workers:
-        _split(w)
+        split_address(w)
     local_rank, local_size = _local_ranks(workers, index)
     return Cluster(workers, index, local_rank, local_size, "TF_CONFIG", timeout)
 
@@ -211,7 +181,7 @@ def from_horovodrun(host: Optional[str], port: Optional[int], timeout: float,
                            "launch with `horovodrun --gloo`, or give every process a TF_CONFIG")
     hostname = os.environ.get("HOROVOD_HOSTNAME", "localhost")
     if host is None:
-        single_host = local_size == size or hostname in _LOOPBACK_NAMES
+        single_host = local_size == size or hostname in LOOPBACK_NAMES
         host = "127.0.0.1" if single_host else hostname
     my_port = port + local_rank if port is not None else _free_port(host)
     me = f"[{host}]:{my_port}" if ":" in host else f"{host}:{my_port}"
@@ -233,7 +203,7 @@ def from_horovodrun(host: Optional[str], port: Optional[int], timeout: float,
 
 # -- Slurm (srun) ---------------------------------------------------------------------------
 
-def _address(host: str, port: int) -> str:
+def join_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
@@ -377,22 +347,13 @@ def from_slurm(host: Optional[str], port: Optional[int], timeout: float) -> Clus
                          f"{nodes_var}: unset it")
     else:
         hosts = nodes
-    workers = tuple(_address(h, base + i) for h, n in zip(hosts, counts) for i in range(n))
+    workers = tuple(join_address(h, base + i) for h, n in zip(hosts, counts) for i in range(n))
     return Cluster(workers, rank, local_rank, counts[node], "slurm", timeout)
 
 
 # -- Open MPI (mpirun) ------------------------------------------------------------------------
 
 _MPIRUN_HINT = "start the workers with Open MPI's mpirun, or give each a TF_CONFIG"
-
-
-def _rendezvous_address(raw: str) -> Tuple[str, int]:
-    host, _, port = raw.strip().rpartition(":")
-    host = host.strip("[]")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"TFTORUS_RENDEZVOUS={raw!r} is not host:port; set it to rank 0's host "
-                         f"and a free port there, e.g. node01:29400")
-    return host, int(port)
 
 
 def from_mpirun(host: Optional[str], port: Optional[int], timeout: float,
@@ -415,146 +376,26 @@ def from_mpirun(host: Optional[str], port: Optional[int], timeout: float,
         raise ValueError(f"OMPI_COMM_WORLD_LOCAL_RANK={local_rank} and _LOCAL_SIZE={local_size} "
                          f"do not fit OMPI_COMM_WORLD_SIZE={size}: {_MPIRUN_HINT}")
     one_host = local_size == size
-    rendezvous = os.environ.get("TFTORUS_RENDEZVOUS", "").strip()
-    if rendezvous:
-        where = _rendezvous_address(rendezvous)
+    rendezvous_value = os.environ.get("TFTORUS_RENDEZVOUS", "").strip()
+    if rendezvous_value:
+        where = rendezvous.address_of(rendezvous_value)
         mine = host or ("127.0.0.1" if one_host else socket.gethostname())
         if port is not None:
             _check_ports(port, local_size, f"mpirun's {local_size} ranks on a host from base port "
                                            f"{port}")
         my_port = port + local_rank if port is not None else _free_port(mine)
-        workers = exchange_addresses(rank, size, _address(mine, my_port), where,
+        workers = rendezvous.exchange_addresses(rank, size, join_address(mine, my_port), where,
                                      rendezvous_timeout)
     elif one_host:
         base = port if port is not None else DEFAULT_PORT
         _check_ports(base, size, f"mpirun's {size} ranks from base port {base}")
-        workers = tuple(_address(host or "127.0.0.1", base + r) for r in range(size))
+        workers = tuple(join_address(host or "127.0.0.1", base + r) for r in range(size))
     else:
         raise ValueError(f"mpirun started {size} ranks over several hosts ("
                          f"OMPI_COMM_WORLD_LOCAL_SIZE={local_size}) and names no peer addresses: "
                          f"set TFTORUS_RENDEZVOUS=host:port (rank 0's host, a free port) for every "
                          f"rank, e.g. mpirun -x TFTORUS_RENDEZVOUS=node01:29400 ...")
     return Cluster(workers, rank, local_rank, local_size, "mpirun", timeout)
-
-
-_RDV_MAGIC = "tftorus-rendezvous-1"
-
-
-def exchange_addresses(rank: int, size: int, mine: str, where: Tuple[str, int],
-                       timeout: float) -> Tuple[str, ...]:
-    """Every rank's "host:port", in rank order: rank 0 listens at `where` (every interface of
-    that port) and answers each rank with the full list once all `size` have sent theirs, or
-    with the error every rank then raises (ranks missing after `timeout` seconds, named)."""
-    if size == 1:
-        return (mine,)
-    deadline = time.monotonic() + timeout
-    if rank == 0:
-        return _serve_rendezvous(size, mine, where, deadline, timeout)
-    return _join_rendezvous(rank, size, mine, where, deadline, timeout)
-
-
-def _read_line(conn: socket.socket, deadline: float) -> str:
-    data = b""
-    while not data.endswith(b"\n"):
-        conn.settimeout(max(0.05, deadline - time.monotonic()))
-        chunk = conn.recv(4096)
-        if not chunk:
-            break
-        data += chunk
-        if len(data) > 1 << 20:
-            break
-    return data.decode("utf-8", "replace").strip()
-
-
-def _serve_rendezvous(size, mine, where, deadline, timeout) -> Tuple[str, ...]:
-    family = socket.AF_INET6 if ":" in where[0] else socket.AF_INET
-    server = socket.socket(family, socket.SOCK_STREAM)
-    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    addresses, conns, error = {0: mine}, {}, None
-    try:
-        try:
-            server.bind(("::" if family == socket.AF_INET6 else "", where[1]))
-        except OSError as e:
-            raise RuntimeError(f"rank 0 cannot host the rendezvous on port {where[1]} "
-                               f"(TFTORUS_RENDEZVOUS): {e.strerror}; choose a free port") from None
-        server.listen(min(size, 1024))
-        while len(addresses) < size and error is None:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                missing = [r for r in range(size) if r not in addresses]
-                shown = ", ".join(map(str, missing[:20])) + (" ..." if len(missing) > 20 else "")
-                error = (f"rank(s) {shown} did not reach the rendezvous at "
-                         f"{where[0]}:{where[1]} within {timeout:g}s (did they start, with the "
-                         f"same TFTORUS_RENDEZVOUS, and can they reach rank 0's host?)")
-                break
-            server.settimeout(remaining)
-            try:
-                conn, _ = server.accept()
-            except socket.timeout:
-                continue
-            try:
-                words = _read_line(conn, min(deadline, time.monotonic() + 10)).split()
-            except OSError:
-                conn.close()
-                continue
-            if len(words) != 4 or words[0] != _RDV_MAGIC or not words[1].isdigit() \
-                    or not words[2].isdigit():
-                conn.close()  # not one of ours
-                continue
-            their_size, their_rank = int(words[1]), int(words[2])
-            if their_size != size or not 0 < their_rank < size or their_rank in addresses:
-                why = (f"rank {their_rank} was started for {their_size} ranks, rank 0 for {size}"
-                       if their_size != size else f"two processes claim rank {their_rank}"
-                       if their_rank in addresses else f"rank {their_rank} is not in 1..{size - 1}")
-                error = f"the rendezvous at {where[0]}:{where[1]} got inconsistent ranks: {why}"
-                conns[-1] = conn
-                break
-            addresses[their_rank] = words[3]
-            conns[their_rank] = conn
-        reply = (f"error {error}" if error else
-                 "ok " + " ".join(addresses[r] for r in range(size))) + "\n"
-        for conn in conns.values():
-            try:
-                conn.settimeout(10)
-                conn.sendall(reply.encode())
-            except OSError:
-                pass
-    finally:
-        for conn in conns.values():
-            conn.close()
-        server.close()
-    if error:
-        raise RuntimeError(f"rank 0: {error}")
-    return tuple(addresses[r] for r in range(size))
-
-
-def _join_rendezvous(rank, size, mine, where, deadline, timeout) -> Tuple[str, ...]:
-    label = f"{where[0]}:{where[1]} (TFTORUS_RENDEZVOUS, hosted by rank 0)"
-    while True:
-        try:
-            conn = socket.create_connection(where, timeout=max(0.05, min(
-                5.0, deadline - time.monotonic())))
-            break
-        except OSError as e:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"rank {rank}: could not reach the rendezvous at {label} within "
-                                   f"{timeout:g}s ({e.strerror or e}): did rank 0 start, and is "
-                                   f"that address reachable from here?") from None
-            time.sleep(0.1)
-    with conn:
-        try:
-            conn.sendall(f"{_RDV_MAGIC} {size} {rank} {mine}\n".encode())
-            # rank 0 answers by its own deadline, which may come later than this rank's
-            answer = _read_line(conn, time.monotonic() + timeout + 10)
-        except OSError:
-            answer = ""
-    if answer.startswith("error "):
-        raise RuntimeError(f"rank {rank}: {answer[6:]}")
-    workers = tuple(answer.split()[1:]) if answer.startswith("ok ") else ()
-    if len(workers) != size:
-        raise RuntimeError(f"rank {rank}: the rendezvous at {label} closed without an answer "
-                           f"(did rank 0 end?)")
-    return workers
 
 
 def discover(host: Optional[str] = None, port: Optional[int] = None,
@@ -589,87 +430,3 @@ def _discover(host, port, timeout, rendezvous_timeout) -> Cluster:
     return Cluster(("localhost:0",), 0, 0, 1, "single", timeout)
 
 
-def bootstrap(host: Optional[str] = None, port: Optional[int] = None,
-              timeout: Optional[float] = None, rendezvous_timeout: float = 300.0) -> Cluster:
-    """Find the cluster and start this process' TF server with collective ops enabled.
-
-    host: the address peers reach this process at (default: TFTORUS_TF_HOST, else loopback on
-      one machine, else HOROVOD_HOSTNAME, the host name (mpirun) or the node's name (srun)).
-      Ignored with TF_CONFIG, which names every address.
-    port: base port; the server listens on port + local rank (default: TFTORUS_TF_PORT, else a
-      free port under horovodrun and mpirun's rendezvous, else DEFAULT_PORT). Ignored with
-      TF_CONFIG.
-    timeout: seconds a peer may answer no probe before this process' collectives are aborted,
-      and an eager collective's own timeout (default: TFTORUS_TF_TIMEOUT or 300). A dead or
-      stopped peer surfaces as an error, not as a hang.
-    Idempotent: a second call returns the running cluster.
-    """
-    global _cluster
-    if _cluster is not None:
-        return _cluster
-    check_not_started()
-    cluster = discover(host, port, timeout, rendezvous_timeout)
-    if cluster.size > 1:
-        _start_server(cluster)
-    _cluster = cluster
-    publish_horovod_variables(cluster)
-    logger.info("tftorus tf engine: rank %d of %d (%s), servers %s", cluster.rank, cluster.size,
-                cluster.source, ",".join(cluster.workers))
-    return cluster
-
-
-def horovod_variables(cluster: Cluster) -> Dict[str, str]:
-    """horovodrun's HOROVOD_* values for this rank (tftorus.launch.rank_layout.horovod_variables):
-    each rank's
-    host from its address, loopback names as one host, "localhost" (horovodrun's name for it).
-    Where that disagrees with the launcher's own local rank or size (mpirun across "hosts" that
-    share one TFTORUS_TF_HOST), the launcher's wins: hosts of local_size ranks each, in rank
-    order (Open MPI's default mapping)."""
-    hosts = [_split(w)[0] for w in cluster.workers]
-    hosts = ["localhost" if h in _LOOPBACK_NAMES else h for h in hosts]
-    values = rank_layout.horovod_variables(hosts, cluster.rank)
-    if (int(values["HOROVOD_LOCAL_RANK"]), int(values["HOROVOD_LOCAL_SIZE"])) != \
-            (cluster.local_rank, cluster.local_size):
-        blocks = [f"host{r // cluster.local_size}" for r in range(cluster.size)]
-        values = {**rank_layout.horovod_variables(blocks, cluster.rank),
-                  "HOROVOD_HOSTNAME": hosts[cluster.rank]}
-    return values
-
-
-def publish_horovod_variables(cluster: Cluster) -> None:
-    """Put horovodrun's HOROVOD_* variables into os.environ where they are absent, when a
-    process that srun, mpirun or a TF_CONFIG started (no tftorus.run, no horovodrun, which set
-    them for their children) joins its cluster at init.
-
-    Why: scripts written for horovodrun read them (os.environ["HOROVOD_RANK"] to name a log
-    file, pick a data shard, or only let rank 0 write), and such a script should run unchanged
-    whatever started it. They can only appear at init, which finds the cluster, so a script
-    sees them from tftorus.init() on, as its subprocesses do. A value already there (the user's,
-    a launcher's) is kept. A process started alone gets none (horovodrun gives none there
-    either)."""
-    if cluster.source in ("single", "horovodrun"):
-        return
-    for name, value in horovod_variables(cluster).items():
-        os.environ.setdefault(name, value)
-
-
-def _start_server(cluster: Cluster) -> None:
-    from tensorflow.core.protobuf import cluster_pb2, tensorflow_server_pb2
-    from tensorflow.python.eager import context
-
-    ctx = context.context()
-    # Task 0 resolves every group (members and their devices); a filter keeps each task from
-    # contacting every other one at start-up, as tf.distribute's multi-worker strategy does.
-    ctx.configure_collective_ops(
-        collective_leader=cluster.task(0),
-        scoped_allocator_enabled_ops=("CollectiveReduce",),
-        device_filters=(f"/job:{JOB}/task:{cluster.rank}",))
-    cluster_def = cluster_pb2.ClusterDef()
-    job = cluster_def.job.add(name=JOB)
-    for i, address in enumerate(cluster.workers):
-        job.tasks[i] = address
-    server_def = tensorflow_server_pb2.ServerDef(
-        cluster=cluster_def, default_session_config=ctx.config, job_name=JOB,
-        task_index=cluster.rank, protocol="grpc", port=_split(cluster.workers[cluster.rank])[1])
-    ctx.enable_collective_ops(server_def)
-    ctx.ensure_initialized()  # starts the gRPC server now, so peers can reach it
