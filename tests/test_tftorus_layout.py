@@ -3,7 +3,10 @@ concept) that import only the rooms below them, and no circle between any two mo
 the source with `ast` (imports inside functions count too: a late import that runs up or round is
 still one). docs/architecture.md draws the same order."""
 import ast
+import glob
+import importlib
 import os
+import re
 import shutil
 import tempfile
 
@@ -29,6 +32,8 @@ ROOMS = {
 # `tftorus.elastic`, `python -m tftorus.run`); they may import any room
 TOP_FILES = {"__init__.py", "_facade.py", "elastic.py", "run.py"}
 TOP_PACKAGES = {"keras"}
+# names the guide shows for the current stack alone (horovod_compatibility.md says so)
+CURRENT_STACK_ONLY = {"tftorus.keras.SyncBatchNormalization"}
 
 
 def module_files(root: str) -> dict:
@@ -133,6 +138,24 @@ def circles(root: str) -> list:
     return sorted(found)
 
 
+def _resolves(dotted: str) -> bool:
+    """Whether `dotted` names a module or an attribute reached from one, as a user's code would
+    reach it (`import tftorus.keras as hvd; hvd.callbacks.X`)."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        try:
+            for attribute in parts[cut:]:
+                obj = getattr(obj, attribute)
+        except Exception:  # AttributeError, or a refusal naming the classic stack
+            return False
+        return True
+    return False
+
+
 class LayoutTest(tf.test.TestCase):
 
     def test_the_top_holds_only_the_public_entry_points_and_the_rooms(self):
@@ -159,6 +182,22 @@ class LayoutTest(tf.test.TestCase):
                 self.assertNotIn(room, ROOMS[other], (room, other))
                 self.assertLessEqual(ROOMS[other], below, f"{room} may import {other}, so also "
                                                           f"what {other} may")
+
+    def test_every_name_the_readme_and_guide_show_resolves(self):
+        """The public names stay: each dotted `tftorus.…` name in README.md and docs/guide/ is
+        there on this stack, as a module or an attribute (tftorus.world.rank,
+        tftorus.stack.HorovodRequired, tftorus.keras.callbacks, ...)."""
+        pages = [os.path.join(harness.ROOT, "README.md")]
+        pages += glob.glob(os.path.join(harness.ROOT, "docs", "guide", "*.md"))
+        names = set()
+        for page in pages:
+            with open(page, encoding="utf-8") as f:
+                names.update(re.findall(r"(?<![\w/.])tftorus(?:\.[A-Za-z_]\w*)+", f.read()))
+        self.assertGreater(len(names), 20)
+        from tftorus.runtime import stack
+        elsewhere = CURRENT_STACK_ONLY if stack.HOROVOD else set()
+        missing = [n for n in sorted(names - elsewhere) if not _resolves(n)]
+        self.assertEqual(missing, [], "names the docs show that this stack does not have")
 
     def _copy_with(self, additions):
         """A copy of tftorus/ with lines appended to some of its files."""

@@ -55,8 +55,7 @@ both call lars_core, which holds the update, the trust ratio, the argument check
 exclusions, so the math is one piece of code. They
 differ only where their base classes do:
 - Variable names for the exclusion regexes are `tftorus.runtime.stack.variable_name(v)`:
-tf.Variable's
-  `name` on Keras 2 ('conv1_bn/gamma:0'), the Keras variable's `path` on Keras 3
+  tf.Variable's `name` on Keras 2 ('conv1_bn/gamma:0'), the Keras variable's `path` on Keras 3
   ('conv1_bn/gamma'; its `name` is just 'gamma'). The recipe's ['_bn', 'bias'] excludes the same
   variables of official_resnet.model.network's ResNet on both. Keras 3 hands `update_step` the
   backend's tf.Variable (named 'gamma:0'), so that class decides each variable's terms in

@@ -1,7 +1,8 @@
 """Keras callbacks of the paper's recipe for any `model.fit`, each standing alone.
 
-    BatchSizeControl     the paper's batch-size control (tftorus.training.batch_size_control's, here
-    too) LRMomentumSchedule   LR and momentum (configurations A and B), keyed on samples seen
+    BatchSizeControl     the paper's batch-size control (tftorus.training.batch_size_control's,
+                         here too)
+    LRMomentumSchedule   LR and momentum (configurations A and B), keyed on samples seen
     MetricAverage        Horovod's MetricAverageCallback for either engine
     Evaluation           1-crop top-1 on the validation split over all workers, with the BN
                          statistics recomputed from training batches first (the paper's way)

@@ -41,6 +41,7 @@ from official_resnet.run.run_state import RunState, epochs_per_keras_epoch
 from official_resnet.run.run_summary import log_summary, run_summary
 from official_resnet.run.workers import Workers
 from tftorus.reliability import watchdog
+from tftorus.runtime import process_state, world
 
 EXCLUDE_FROM_LARS = ["_bn", "bias"]  # BN parameters and biases: no decay, no trust ratio
 
@@ -440,7 +441,7 @@ def train(spec: RunSpec) -> None:
     data = make_data(job)
     model = build_model(config, job.info)
     model.compile(optimizer=build_optimizer(config))
-    tftorus.runtime.world.broadcast_variables(model.variables, root_rank=0)  # all start from rank 0's
+    world.broadcast_variables(model.variables, root_rank=0)  # all start from rank 0's
     state = new_run_state(job)
     checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer,
                                      samples_seen=state.samples_seen, steps=state.steps)
@@ -468,7 +469,7 @@ def log_start(job: Job, existing_run: bool, model) -> None:
     logger.info("configuration:\n%s", config.to_json())
     logger.info("%s on %d worker(s), torus grid %s, data: %d train / %d validation images, "
                 "%d classes", spec.experiment.name, job.workers.size,
-                tftorus.runtime.process_state.default_grid(), info.train_examples, info.validation_examples,
+                process_state.default_grid(), info.train_examples, info.validation_examples,
                 info.num_classes)
     logger.info("LR schedule x %.6g of the paper's (%s); momentum reference batch %g",
                 spec.lr_scale,
@@ -495,7 +496,7 @@ def log_end(job: Job, state: RunState, complete: bool) -> None:
     config, relaunch = job.config, job.relaunch
     epoch = state.history[-1].epoch if state.history else None
     if complete and state.history:
-        summary = run_summary(state, job.spec.experiment, str(tftorus.runtime.process_state.default_grid()))
+        summary = run_summary(state, job.spec.experiment, str(process_state.default_grid()))
         log_summary(summary, state, job.spec.experiment,
                     os.path.join(config.model_dir, "summary.json"))
     elif state.history and relaunch and epoch >= relaunch.start_epoch - 1e-9:

@@ -1,5 +1,2 @@
-"""The engines: the communicator's three collectives carried by Horovod process sets
-(horovod_engine; horovod_elastic_engine for elastic jobs, on Horovod's global set) or by
-TensorFlow's own collective ops (tf_engine), with what the tf engine needs around them: where
-its calls run (graph_homes: eager code or a TF1 graph) and the peer health monitor that turns a
-lost peer into an error. Imports torus and cluster."""
+"""The communicator on Horovod process sets (horovod_engine, horovod_elastic_engine) or on TF's
+collective ops (tf_engine, with graph_homes and peer_health). Imports torus and cluster."""

@@ -1,5 +1,2 @@
-"""The process at run time: which stack it runs on (stack), its state after init (process_state:
-the engine's communicator, the grids, the links and the plan), the fused, checked all-reduce a
-training step's gradients go through (reduction), the step's gradient clocks for the planner
-(gradient_readiness), and rank/size/barrier/broadcast for either engine (world). Imports
-torus, launch, cluster, engines and planning."""
+"""The process after init(): its stack, its state (engine, grids, plan), the fused all-reduce of
+a step's gradients, the step's gradient clocks, and `world`. Imports engines, planning and below."""
