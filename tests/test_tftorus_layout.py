@@ -214,7 +214,8 @@ class LayoutTest(tf.test.TestCase):
         layer would be: the cost model importing an engine (sideways: planning sees only the
         torus) and an engine importing the facade (up to the top)."""
         copy = self._copy_with({
-            "planning/cost_model.py": "\n\ndef late():\n    from tftorus.engines import peer_health\n",
+            "planning/cost_model.py":
+                "\n\ndef late():\n    from tftorus.engines import peer_health\n",
             "engines/peer_health.py": "\nimport tftorus\n"})
         self.assertEqual(imports_up(copy), [
             "tftorus.engines.peer_health -> tftorus",

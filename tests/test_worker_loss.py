@@ -230,7 +230,7 @@ class TerminateHookTest(unittest.TestCase):
     then the usual abort (with libstdc++'s message) follows."""
 
     def test_terminate_says_what_the_rank_was_doing_then_aborts(self):
-        code = ("import ctypes; from tftorus import watchdog; "
+        code = ("import ctypes; from tftorus.reliability import watchdog; "
                 "watchdog.progress('train step', phase=1, epoch=0.5, step=3); "
                 "assert watchdog.install_terminate_hook(); "
                 "ctypes.CDLL('libstdc++.so.6')._ZSt9terminatev()")
