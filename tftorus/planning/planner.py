@@ -525,6 +525,22 @@ def first_plan(size: int, local_size: int, tensor_bytes: Sequence[Tuple[int, obj
         f"{(regret(p) - 1) * 100:.0f} %) until replan() clocks the step"))
 
 
+def layout_plan(grid: TorusGrid, threshold_bytes: int,
+                buckets: Sequence[Tuple[Sequence[int], int, str, int]], links: Links,
+                local_size: int, engine: Engine, profile: Optional[StepProfile] = None,
+                why: str = "") -> Plan:
+    """A plan made elsewhere ((tensor indices, bytes, algorithm, chunks) per bucket: the fixed
+    rules', for one), costed by the same model, so the guard (tftorus/runtime/plan_guard.py)
+    can weigh what it hides against the planner's choice."""
+    local_size = min(local_size, grid.size)
+    costs = ModelCosts(links.cost_model(local_size), local_size)
+    planned = tuple(BucketPlan(tuple(ix), int(nbytes), a, k,
+                               costs.seconds(a, grid, nbytes, k, engine.concurrent_groups))
+                    for ix, nbytes, a, k in buckets)
+    return _costed(Plan(grid, threshold_bytes, planned, 0.0, 0.0, links, why=why), costs,
+                   engine, profile)
+
+
 def _costed(p: Plan, costs, engine: Engine, profile: Optional[StepProfile]) -> Plan:
     seconds, exposed = evaluate(p, costs, engine, profile)
     return dataclasses.replace(p, seconds=seconds, exposed_seconds=exposed)

@@ -22,7 +22,7 @@ import numpy as np
 import tensorflow as tf
 
 from tftorus.planning import planner
-from tftorus.runtime import gradient_readiness, process_state, stack
+from tftorus.runtime import gradient_readiness, plan_guard, process_state, stack
 from tftorus.torus import algorithms, fusion
 from tftorus.torus.communicator import Communicator
 from tftorus.torus.compression import Compression
@@ -278,15 +278,87 @@ def _plan(options: TorusOptions, comm: Communicator, grid: TorusGrid, wire,
     if key not in _plans:
         fixed = dict(grid=grid, threshold_bytes=threshold, algorithm=algorithm,
                      chunks=options.pipeline_chunks)
-        _plans[key] = (planner.plan(comm.size, comm.local_size, sizes, links, engine,
-                                    profile=profile, **fixed) if profile or not step else
-                       planner.first_plan(comm.size, comm.local_size, sizes, links, engine,
-                                          **fixed))
+
+        def make(**change) -> planner.Plan:
+            asked = {**fixed, **change}
+            return (planner.plan(comm.size, comm.local_size, sizes, links, engine,
+                                 profile=profile, **asked) if profile or not step else
+                    planner.first_plan(comm.size, comm.local_size, sizes, links, engine,
+                                       **asked))
+        made = make()
         if comm.rank == 0:
-            logger.info("%s", _plans[key].describe())
+            logger.info("%s", made.describe())
+        _plans[key] = _guarded(made, make, options, comm, grid, wire, links, engine, profile)
     p = _plans[key]
     return (fusion.buckets_of(wire, [b.indices for b in p.buckets]),
             [b.algorithm for b in p.buckets], [b.chunks for b in p.buckets])
+
+
+def _fixed_rules(options: TorusOptions, comm: Communicator, grid: TorusGrid, wire):
+    """What runs without a plan: buckets of the fusion threshold (16 MiB unless fixed), the
+    algorithm algorithms.choose gives each (the torus across hosts), the engine's chunk rule;
+    as (indices, bytes, algorithm, chunks) per bucket."""
+    threshold = options.fusion_threshold_bytes
+    buckets = fusion.plan_buckets(wire, fusion.DEFAULT_THRESHOLD_BYTES
+                                  if threshold is None else threshold)
+    out = []
+    for b in buckets:
+        name = algorithms.choose(options.algorithm, grid, comm, b.nbytes)
+        out.append((b.indices, b.nbytes, name, algorithms.pipeline_chunks(
+            name, grid, comm, b.nbytes, options.pipeline_chunks, b.dtype)))
+    return out
+
+
+def _guarded(made: planner.Plan, make, options: TorusOptions, comm: Communicator,
+             grid: TorusGrid, wire, links, engine, profile) -> planner.Plan:
+    """The plan, or what the guard measured faster in its place (tftorus/runtime/plan_guard.py):
+    the fixed rules, and where the plan leaves the torus for some bucket, the best torus plan."""
+    threshold = options.fusion_threshold_bytes
+    threshold = fusion.DEFAULT_THRESHOLD_BYTES if threshold is None else threshold
+    rules = planner.layout_plan(grid, threshold, _fixed_rules(options, comm, grid, wire), links,
+                                comm.local_size, engine, profile, why="the fixed rules")
+    algorithm = "torus" if options.algorithm == algorithms.AUTO else options.algorithm
+    candidates = [plan_guard.Candidate("the plan", made), plan_guard.Candidate(
+        f"the fixed {threshold / planner.MIB:g} MiB {algorithm}", rules)]
+    if options.algorithm == algorithms.AUTO and any(b.algorithm != "torus"
+                                                    for b in made.buckets):
+        candidates.append(plan_guard.Candidate("the planned torus", make(algorithm="torus")))
+    if len(plan_guard.distinct(candidates)) < 2 or not plan_guard.enabled():
+        return made
+    with tf.init_scope():  # the trial runs now, at the trace, on every rank alike
+        if not tf.executing_eagerly():  # a TF1 graph: nothing can run while it is built
+            return made
+        specs = [tf.TensorSpec(w.shape, w.dtype) for w in wire]
+        kept = plan_guard.check(
+            comm, candidates, lambda c: _trial(comm, grid, options, specs, c.plan,
+                                               candidates.index(c)),
+            what=f"{len(wire)} tensors, {sum(b.nbytes for b in made.buckets) / planner.MIB:.3g} "
+                 f"MiB")
+    if kept.plan is made:
+        return made
+    return dataclasses.replace(kept.plan, why=f"{kept.name}, which the plan guard measured "
+                                              f"faster than the plan")
+
+
+def _trial(comm: Communicator, grid: TorusGrid, options: TorusOptions, specs, p: planner.Plan,
+           number: int):
+    """A call that runs plan `p`'s collectives on zeros of `specs`, as a graph of its own."""
+    chosen = [b.algorithm for b in p.buckets]
+    grids = [process_state.grid_for("hierarchical", engine=options.engine)
+             if name == "hierarchical" and options.algorithm != "hierarchical" else grid
+             for name in chosen]
+
+    def run(*wire):
+        wire = list(wire)
+        with tf.name_scope(f"plan_guard{number}"):
+            buckets = fusion.buckets_of(wire, [b.indices for b in p.buckets])
+            summed = _reduce_buckets(comm, grids, chosen, wire, buckets,
+                                     [b.chunks for b in p.buckets])
+        return [t for pieces in summed for t in pieces]
+
+    fn = tf.function(run, input_signature=specs, autograph=False)
+    zeros = [tf.zeros(s.shape, s.dtype) for s in specs]
+    return lambda: fn(*zeros)
 
 
 def replan(engine: Optional[str] = None) -> bool:
