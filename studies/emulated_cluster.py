@@ -465,6 +465,26 @@ def sweep_table(results: List[tuple]) -> str:
     return "\n".join(lines)
 
 
+def plan_table(results: List[tuple]) -> str:
+    """Per cluster and workload, what a user gets by default (planned, planned-tf) beside the
+    fixed 16 MiB torus of the same engine and beside hvd.allreduce ('' where not timed)."""
+    head = ("| hosts x ranks | workload | hvd ms | torus ms | planned ms | planned / torus | "
+            "torus-tf ms | planned-tf ms | planned-tf / torus-tf | planned-tf / hvd |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for hosts, rph, _, _, rows in results:
+        for workload, v in medians(rows).items():
+            def ms(name):
+                return f"{v[name]:.0f}" if name in v else ""
+
+            def ratio(a, b):
+                return f"{v[a] / v[b]:.3f}" if a in v and b in v else ""
+            cells = [ms("hvd"), ms("torus"), ms("planned"), ratio("planned", "torus"),
+                     ms("torus-tf"), ms("planned-tf"), ratio("planned-tf", "torus-tf"),
+                     ratio("planned-tf", "hvd")]
+            lines.append(f"| {hosts} x {rph} | {workload} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
 def sweep_plot(results: List[tuple], out_dir: str) -> str:
     """torus / ring measured per topology and workload, with the byte limit as a bar."""
     import matplotlib
@@ -588,6 +608,9 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--out", default=DEFAULT_OUT, help="CSV, log and plots (default %(default)s)")
     p.add_argument("--timeout", type=float, default=2400, help="seconds before every rank is killed")
+    p.add_argument("--report", action="store_true",
+                   help="print the tables of an earlier run from its CSVs under --out (the same "
+                        "--sweep and links), building nothing")
     args = p.parse_args(argv)
     for links in args.links_per_host:
         if links != "rank" and not (links.isdigit() and int(links) >= 1):
@@ -658,8 +681,29 @@ def run_cluster(args, hosts: int, rph: int, gbit: float, links: int,
     return rows
 
 
+def report(args) -> int:
+    """The tables of an earlier run, from the CSVs under --out (no cluster is built)."""
+    results = []
+    for hosts, rph, gbit, links in args.clusters:
+        out = (args.out if len(args.clusters) == 1 else
+               os.path.join(args.out, f"{hosts}x{rph}_{gbit:g}gbit_{links}link"))
+        path = os.path.join(out, "allreduce.csv")
+        if not os.path.exists(path):
+            print(f"no CSV at {path}: run the sweep first, with the same --out", file=sys.stderr)
+            return 1
+        results.append((hosts, rph, gbit, links, read_rows(path)))
+    for hosts, rph, gbit, links, rows in results:
+        print(f"\n== {hosts} hosts x {rph} ranks, {links} x {gbit:g} Gbit/s ==")
+        print(ratio_table(rows, byte_limit(hosts, rph, links), (hosts, rph, gbit, links)))
+    print("\n== the default (planned, planned-tf) beside the fixed torus and hvd.allreduce ==")
+    print(plan_table(results))
+    return 0
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.report:
+        return report(args)
     reason = why_not_possible()
     if reason:
         print(f"emulated cluster skipped: {reason}. Run as root on Linux with iproute2.",
@@ -678,6 +722,10 @@ def main(argv=None) -> int:
         print("\n== every cluster: torus / ring, measured, beside the byte limit ==")
         print(sweep_table(results))
         print(f"plot: {sweep_plot(results, args.out)}")
+    planned = plan_table(results)
+    if planned:
+        print("\n== the default (planned, planned-tf) beside the fixed torus and hvd.allreduce ==")
+        print(planned)
     return exit_status(failed, " (see ranks.log in their folders)")
 
 

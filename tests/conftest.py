@@ -137,6 +137,8 @@ LAUNCHES = (
     "tests/test_tf_engine.py::KilledWorkerTest",
     "tests/test_peer_health.py::RealPeersTest",
     "tests/test_planner.py::ProbeJobTest",
+    "tests/test_plan_guard.py::GuardJobTest",
+    "tests/test_plan_guard.py::StalledProbeJobTest",
     "tests/test_train_script.py::TrainScriptTest",
     "tests/test_training_equivalence.py::TrainingEquivalenceTest",
     "tests/test_worker_loss.py::TerminateHookTest",
@@ -156,6 +158,7 @@ CURRENT_STACK = (
     "tests/test_fusion.py",
     "tests/test_cost_model.py",
     "tests/test_planner.py",
+    "tests/test_plan_guard.py",
     "tests/test_launchers.py",
     "tests/test_keras3_optimizer.py",
     "tests/test_keras3_callbacks.py",
@@ -199,6 +202,9 @@ CURRENT_STACK = (
 # its 1-, 2- and 4-rank jobs, KilledWorkerTest and the engines' agreement in a fit.
 CURRENT_ONLY = (
     "tests/test_planner.py::ProbeJobTest::test_tf_engine_two_hosts_probe_plan_and_sum",
+    "tests/test_plan_guard.py::GuardJobTest::test_tf_engine",
+    "tests/test_plan_guard.py::StalledProbeJobTest::"
+    "test_a_rank_stopped_over_and_over_plans_like_a_quiet_world",
     "tests/test_tf_engine.py::TFEngineJobsTest::test_twelve_ranks_task_name_order",
     "tests/test_worker_loss.py::WorkerLossTest::test_killed_worker_tf_engine",
     "tests/test_worker_loss.py::WorkerLossTest::test_stopped_worker_tf_engine",
