@@ -112,7 +112,7 @@ class GuardJobTest(unittest.TestCase):
     def check(self, output: str) -> None:
         self.assertEqual(output.count("plan guard: 3 checks, 0 failed"), 4, output[-6000:])
         # rank 0 says so once per guarded trace: the loop, the fit's first step, after replan()
-        switched = output.count("the plan is slower here: running the fixed 16 MiB torus")
+        switched = output.count("the plan is slower here: running ")
         self.assertGreaterEqual(switched, 3, output[-6000:])
 
     def test_tf_engine(self):

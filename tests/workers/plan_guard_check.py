@@ -5,8 +5,8 @@
     # the tf engine: one TF_CONFIG per rank naming 127.0.0.1 and 127.0.0.2 (tests/test_plan_guard.py)
 
 The links are given (TFTORUS_LINKS: no probe), and the planner is made to cut every tensor into a
-torus bucket of its own: 120 collectives of three phases each where the fixed rules send one
-16 MiB torus bucket. Checked, on every rank:
+torus bucket of its own: 30 torus all-reduces of three phases each where the fixed rules send
+one 16 MiB bucket. Checked, on every rank:
 - a custom loop's all-reduce (a tf.function around fused_allreduce): the guard times both and
   runs the fixed torus; the sums equal NumPy's
 - with TFTORUS_PLAN_GUARD=0 the same call keeps the slow plan (the check above can fail)
@@ -25,7 +25,7 @@ import tftorus
 from tftorus.planning import planner
 from tftorus.runtime import plan_guard, process_state, reduction
 
-SHAPES = [(17,), (33, 8), (5, 5, 3)] * 40  # 120 small tensors: 480 KiB, one 16 MiB bucket
+SHAPES = [(17,), (33, 8), (5, 5, 3)] * 10  # 30 small tensors: one 16 MiB bucket
 
 
 def _per_tensor_torus(real):
@@ -35,6 +35,8 @@ def _per_tensor_torus(real):
             kwargs["threshold_bytes"] = 0
         if kwargs.get("algorithm") is None:
             kwargs["algorithm"] = "torus"
+        if kwargs.get("chunks") is None:
+            kwargs["chunks"] = 1
         return real(*args, **kwargs)
     return plan
 
@@ -72,7 +74,7 @@ def _fit(rank, failures) -> None:
     reduction._plans.clear()
     tf.keras.utils.set_random_seed(1)
     model = tf.keras.Sequential([tf.keras.Input((8,))] + [
-        tf.keras.layers.Dense(8, activation="relu") for _ in range(30)] + [
+        tf.keras.layers.Dense(8, activation="relu") for _ in range(10)] + [
         tf.keras.layers.Dense(4)])
     model.compile(optimizer=tftorus.keras.DistributedOptimizer(tf.keras.optimizers.SGD(0.01)),
                   loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))

@@ -185,14 +185,21 @@ def _reduce(options: TorusOptions, tensors: Sequence[tf.Tensor], op, compression
 
 
 def _reduce_checked(options, tensors, op, compression, prescale_factor, postscale_factor, comm,
-                    torus_grid, gradients) -> List[tf.Tensor]:
+                    torus_grid, gradients, layout=None) -> List[tf.Tensor]:
+    """layout: the plan to run (the guard's trials); None: _plan's."""
     wire, ctxs = [], []
     for t in tensors:
         w, ctx = compression.compress(_scale(t, prescale_factor))
         wire.append(w)
         ctxs.append(ctx)
-    buckets, chosen, chunks = _plan(options, comm, torus_grid, wire,
-                                    tensors if gradients else None)
+    if layout is None:
+        trial = _Trial(options, [tf.TensorSpec(t.shape, t.dtype) for t in tensors], op,
+                       compression, prescale_factor, postscale_factor, comm, torus_grid)
+        buckets, chosen, chunks = _plan(options, comm, torus_grid, wire,
+                                        tensors if gradients else None, trial)
+    else:
+        buckets = fusion.buckets_of(wire, [b.indices for b in layout.buckets])
+        chosen, chunks = [b.algorithm for b in layout.buckets], [b.chunks for b in layout.buckets]
     checks = []
     if options.check_consistency and comm.size > 1:
         signature = f"{torus_grid}|{op}|" + ";".join(
@@ -248,8 +255,35 @@ _plans = {}  # (links, world, options, tensors, profile) -> the plan, made and l
 _profiles = {}  # tensors -> planner.StepProfile measured by replan()
 
 
+@dataclasses.dataclass(frozen=True)
+class _Trial:
+    """What the guard needs to run a candidate plan as the call would: the whole reduction
+    (compression, scaling, the consistency check, buckets, unpacking) on zeros of its inputs."""
+
+    options: TorusOptions
+    specs: List[tf.TensorSpec]
+    op: str
+    compression: object
+    prescale_factor: float
+    postscale_factor: float
+    comm: Communicator
+    grid: TorusGrid
+
+    def call(self, layout: planner.Plan, number: int):
+        """A call that runs `layout` once, as a graph of its own."""
+        def run(*tensors):
+            with tf.name_scope(f"plan_guard{number}"):
+                return _reduce_checked(self.options, list(tensors), self.op, self.compression,
+                                       self.prescale_factor, self.postscale_factor, self.comm,
+                                       self.grid, False, layout)
+
+        fn = tf.function(run, input_signature=self.specs, autograph=False)
+        zeros = [tf.zeros(s.shape, s.dtype) for s in self.specs]
+        return lambda: fn(*zeros)
+
+
 def _plan(options: TorusOptions, comm: Communicator, grid: TorusGrid, wire,
-          tensors: Optional[Sequence[tf.Tensor]]):
+          tensors: Optional[Sequence[tf.Tensor]], trial: _Trial):
     """Buckets, their algorithms and chunk counts: planned from the links where tftorus knows
     them (tftorus/planning/planner.py; what options fix is taken as given), else the fixed rules (16
     MiB buckets, algorithms.choose, algorithms.pipeline_chunks). Planned for the step once replan()
@@ -288,7 +322,7 @@ def _plan(options: TorusOptions, comm: Communicator, grid: TorusGrid, wire,
         made = make()
         if comm.rank == 0:
             logger.info("%s", made.describe())
-        _plans[key] = _guarded(made, make, options, comm, grid, wire, links, engine, profile)
+        _plans[key] = _guarded(made, make, trial, wire, links, engine, profile)
     p = _plans[key]
     return (fusion.buckets_of(wire, [b.indices for b in p.buckets]),
             [b.algorithm for b in p.buckets], [b.chunks for b in p.buckets])
@@ -309,17 +343,22 @@ def _fixed_rules(options: TorusOptions, comm: Communicator, grid: TorusGrid, wir
     return out
 
 
-def _guarded(made: planner.Plan, make, options: TorusOptions, comm: Communicator,
-             grid: TorusGrid, wire, links, engine, profile) -> planner.Plan:
+def _guarded(made: planner.Plan, make, trial: _Trial, wire, links, engine, profile
+             ) -> planner.Plan:
     """The plan, or what the guard measured faster in its place (tftorus/runtime/plan_guard.py):
-    the fixed rules, and where the plan leaves the torus for some bucket, the best torus plan."""
+    the fixed rules; where the buckets are planned, the plan's chunks and algorithms on buckets
+    of the fixed threshold; where the plan leaves the torus for some bucket, the best torus."""
+    options, comm, grid = trial.options, trial.comm, trial.grid
     threshold = options.fusion_threshold_bytes
-    threshold = fusion.DEFAULT_THRESHOLD_BYTES if threshold is None else threshold
-    rules = planner.layout_plan(grid, threshold, _fixed_rules(options, comm, grid, wire), links,
+    fixed = fusion.DEFAULT_THRESHOLD_BYTES if threshold is None else threshold
+    rules = planner.layout_plan(grid, fixed, _fixed_rules(options, comm, grid, wire), links,
                                 comm.local_size, engine, profile, why="the fixed rules")
-    algorithm = "torus" if options.algorithm == algorithms.AUTO else options.algorithm
+    kinds = sorted({b.algorithm for b in rules.buckets})
     candidates = [plan_guard.Candidate("the plan", made), plan_guard.Candidate(
-        f"the fixed {threshold / planner.MIB:g} MiB {algorithm}", rules)]
+        f"the fixed {fixed / planner.MIB:g} MiB {'/'.join(kinds)}", rules)]
+    if threshold is None:
+        candidates.append(plan_guard.Candidate(
+            f"{fixed / planner.MIB:g} MiB buckets as planned", make(threshold_bytes=fixed)))
     if options.algorithm == algorithms.AUTO and any(b.algorithm != "torus"
                                                     for b in made.buckets):
         candidates.append(plan_guard.Candidate("the planned torus", make(algorithm="torus")))
@@ -328,37 +367,20 @@ def _guarded(made: planner.Plan, make, options: TorusOptions, comm: Communicator
     with tf.init_scope():  # the trial runs now, at the trace, on every rank alike
         if not tf.executing_eagerly():  # a TF1 graph: nothing can run while it is built
             return made
-        specs = [tf.TensorSpec(w.shape, w.dtype) for w in wire]
-        kept = plan_guard.check(
-            comm, candidates, lambda c: _trial(comm, grid, options, specs, c.plan,
-                                               candidates.index(c)),
-            what=f"{len(wire)} tensors, {sum(b.nbytes for b in made.buckets) / planner.MIB:.3g} "
-                 f"MiB")
+        tf_logger = tf.get_logger()
+        level = tf_logger.level
+        tf_logger.setLevel(logging.ERROR)  # each candidate is a graph: TF warns of "retracing"
+        try:
+            kept = plan_guard.check(
+                comm, candidates, lambda c: trial.call(c.plan, candidates.index(c)),
+                what=f"{len(wire)} tensors, "
+                     f"{sum(b.nbytes for b in made.buckets) / planner.MIB:.3g} MiB")
+        finally:
+            tf_logger.setLevel(level)
     if kept.plan is made:
         return made
     return dataclasses.replace(kept.plan, why=f"{kept.name}, which the plan guard measured "
                                               f"faster than the plan")
-
-
-def _trial(comm: Communicator, grid: TorusGrid, options: TorusOptions, specs, p: planner.Plan,
-           number: int):
-    """A call that runs plan `p`'s collectives on zeros of `specs`, as a graph of its own."""
-    chosen = [b.algorithm for b in p.buckets]
-    grids = [process_state.grid_for("hierarchical", engine=options.engine)
-             if name == "hierarchical" and options.algorithm != "hierarchical" else grid
-             for name in chosen]
-
-    def run(*wire):
-        wire = list(wire)
-        with tf.name_scope(f"plan_guard{number}"):
-            buckets = fusion.buckets_of(wire, [b.indices for b in p.buckets])
-            summed = _reduce_buckets(comm, grids, chosen, wire, buckets,
-                                     [b.chunks for b in p.buckets])
-        return [t for pieces in summed for t in pieces]
-
-    fn = tf.function(run, input_signature=specs, autograph=False)
-    zeros = [tf.zeros(s.shape, s.dtype) for s in specs]
-    return lambda: fn(*zeros)
 
 
 def replan(engine: Optional[str] = None) -> bool:
