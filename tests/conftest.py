@@ -203,8 +203,6 @@ CURRENT_STACK = (
 CURRENT_ONLY = (
     "tests/test_planner.py::ProbeJobTest::test_tf_engine_two_hosts_probe_plan_and_sum",
     "tests/test_plan_guard.py::GuardJobTest::test_tf_engine",
-    "tests/test_plan_guard.py::StalledProbeJobTest::"
-    "test_a_rank_stopped_over_and_over_plans_like_a_quiet_world",
     "tests/test_tf_engine.py::TFEngineJobsTest::test_twelve_ranks_task_name_order",
     "tests/test_worker_loss.py::WorkerLossTest::test_killed_worker_tf_engine",
     "tests/test_worker_loss.py::WorkerLossTest::test_stopped_worker_tf_engine",
