@@ -6,7 +6,7 @@
     horovodrun --gloo -np 4 -H localhost:4 python tests/workers/planner_check.py   # one host
 
 On a world of two hosts or more, init() has measured the links: every rank must hold the same,
-the probe must have taken under 2 s, and a planned all-reduce (buckets, chunks and algorithm
+the probe must have taken under 4 s, and a planned all-reduce (buckets, chunks and algorithm
 from the plan) must equal the float64 NumPy sum. On one host nothing is probed at init (there is
 nothing to plan), so the worker runs the probe itself as if its ranks sat on hosts of two, and
 checks the same agreement and time.
@@ -109,8 +109,8 @@ def main():
         failures.append(f"implausible links {links}")
     if seconds is not None:
         checks += 1
-        if seconds > 2.0:
-            failures.append(f"the probe took {seconds:.2f} s (over 2 s)")
+        if seconds > 4.0:  # up to 8 rounds where the cores are busy (link_probe.MAX_ROUNDS)
+            failures.append(f"the probe took {seconds:.2f} s (over 4 s)")
     # A planned reduction: many tensors, two dtypes, sizes from a few bytes to a few MiB.
     tensors = _tensors(rank)
     out = reduction.fused_allreduce([tf.constant(t) for t in tensors], "sum", algorithm="auto")
