@@ -18,6 +18,7 @@ import logging
 import os
 
 import numpy as np
+import planner_check  # noqa: E402  (tests/workers)
 import report  # noqa: E402  (tests/workers)
 import tensorflow as tf
 
@@ -69,20 +70,13 @@ def _loop(rank, size, failures, guard_on: bool) -> None:
 
 
 def _fit(rank, failures) -> None:
-    import tftorus.keras
     os.environ[plan_guard.GUARD_ENV] = "1"
     reduction._plans.clear()
     tf.keras.utils.set_random_seed(1)
     model = tf.keras.Sequential([tf.keras.Input((8,))] + [
         tf.keras.layers.Dense(8, activation="relu") for _ in range(10)] + [
         tf.keras.layers.Dense(4)])
-    model.compile(optimizer=tftorus.keras.DistributedOptimizer(tf.keras.optimizers.SGD(0.01)),
-                  loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    rng = np.random.RandomState(rank)
-    x = rng.standard_normal((48, 8)).astype(np.float32)
-    y = rng.randint(0, 4, 48)
-    callback = tftorus.keras.ReplanCallback(after_steps=2)
-    model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[callback])
+    callback = planner_check.fit_replanning(model, rank, samples=48, features=8)
     if not callback.replanned:
         failures.append("fit: ReplanCallback did not re-plan after 2 steps")
     plans = list(reduction._plans.values())

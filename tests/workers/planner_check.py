@@ -48,22 +48,29 @@ def _tensors(rank: int):
     return out + [rng.randint(-50, 50, size=(123,)).astype(np.int64)]
 
 
+def fit_replanning(model, rank: int, samples: int, features: int):
+    """`model` compiled with tftorus' DistributedOptimizer and fit one epoch on this rank's
+    random data with ReplanCallback(after_steps=2); the callback."""
+    import tftorus.keras
+    model.compile(optimizer=tftorus.keras.DistributedOptimizer(tf.keras.optimizers.SGD(0.01)),
+                  loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    rng = np.random.RandomState(rank)
+    x = rng.standard_normal((samples, features)).astype(np.float32)
+    y = rng.randint(0, 4, samples)
+    callback = tftorus.keras.ReplanCallback(after_steps=2)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[callback])
+    return callback
+
+
 def _fit_replans(rank: int):
     """A small model's fit with ReplanCallback: the steps clock their gradients, replan() gives
     the planner a profile, the step is traced again and planned for it; the ranks' weights stay
     equal."""
-    import tftorus.keras
     tf.keras.utils.set_random_seed(1)
     model = tf.keras.Sequential([tf.keras.layers.Dense(256, activation="relu"),
                                  tf.keras.layers.Dense(256, activation="relu"),
                                  tf.keras.layers.Dense(4)])
-    model.compile(optimizer=tftorus.keras.DistributedOptimizer(tf.keras.optimizers.SGD(0.01)),
-                  loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    rng = np.random.RandomState(rank)
-    x = rng.standard_normal((64, 32)).astype(np.float32)
-    y = rng.randint(0, 4, 64)
-    callback = tftorus.keras.ReplanCallback(after_steps=2)
-    model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[callback])
+    callback = fit_replanning(model, rank, samples=64, features=32)
     out = []
     if not callback.replanned:
         out.append("ReplanCallback did not re-plan after 2 steps")
