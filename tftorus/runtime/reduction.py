@@ -349,6 +349,8 @@ def _guarded(made: planner.Plan, make, trial: _Trial, wire, links, engine, profi
     the fixed rules; where the buckets are planned, the plan's chunks and algorithms on buckets
     of the fixed threshold; where the plan leaves the torus for some bucket, the best torus."""
     options, comm, grid = trial.options, trial.comm, trial.grid
+    if not plan_guard.enabled():  # before the candidates: each is a search of its own
+        return made
     threshold = options.fusion_threshold_bytes
     fixed = fusion.DEFAULT_THRESHOLD_BYTES if threshold is None else threshold
     rules = planner.layout_plan(grid, fixed, _fixed_rules(options, comm, grid, wire), links,
@@ -362,7 +364,7 @@ def _guarded(made: planner.Plan, make, trial: _Trial, wire, links, engine, profi
     if options.algorithm == algorithms.AUTO and any(b.algorithm != "torus"
                                                     for b in made.buckets):
         candidates.append(plan_guard.Candidate("the planned torus", make(algorithm="torus")))
-    if len(plan_guard.distinct(candidates)) < 2 or not plan_guard.enabled():
+    if len(plan_guard.distinct(candidates)) < 2:
         return made
     with tf.init_scope():  # the trial runs now, at the trace, on every rank alike
         if not tf.executing_eagerly():  # a TF1 graph: nothing can run while it is built
