@@ -60,6 +60,31 @@ class GuardRulesTest(unittest.TestCase):
                                                       plan_guard.Candidate("c", c)])]
         self.assertEqual(names, ["a", "c"])
 
+    def test_what_the_planner_chose_between_is_timed_beside_the_plan(self):
+        """Each choice the planner made (buckets, leaving the torus) and the fixed rules' chunk
+        pipeline has a candidate without it; what the user fixed has none."""
+        from tftorus.runtime import reduction
+        rules = layout(((0, 1), 16, "torus", 4))
+        unpipelined = layout(((0, 1), 16, "torus", 1))
+        asked = []
+
+        def make(**change):
+            asked.append(change)
+            return layout(((0, 1), 16, "torus", 2))
+
+        plan = layout(((0,), 4, "ring", 1), ((1,), 12, "torus", 4))
+        names = [c.name for c in reduction._candidates(plan, rules, unpipelined, make,
+                                                        reduction.TorusOptions())]
+        self.assertEqual(names, ["the plan", "the fixed 16 MiB torus",
+                                 "the fixed 16 MiB torus without chunks",
+                                 "16 MiB buckets as planned", "the planned torus"])
+        self.assertEqual(asked, [{"threshold_bytes": 16 * MIB}, {"algorithm": "torus"}])
+        asked.clear()
+        fixed = reduction.TorusOptions(algorithm="torus", fusion_threshold_bytes=16 * MIB,
+                                       pipeline_chunks=4)
+        names = [c.name for c in reduction._candidates(plan, rules, unpipelined, make, fixed)]
+        self.assertEqual((names, asked), (["the plan", "the fixed 16 MiB torus"], []))
+
     def test_a_bad_setting_says_what_to_write(self):
         with mock.patch.dict(os.environ, {plan_guard.GUARD_ENV: "maybe"}):
             with self.assertRaisesRegex(ValueError, "set 1 .* or 0"):

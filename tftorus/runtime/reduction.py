@@ -345,25 +345,20 @@ def _fixed_rules(options: TorusOptions, comm: Communicator, grid: TorusGrid, wir
 
 def _guarded(made: planner.Plan, make, trial: _Trial, wire, links, engine, profile
              ) -> planner.Plan:
-    """The plan, or what the guard measured faster in its place (tftorus/runtime/plan_guard.py):
-    the fixed rules; where the buckets are planned, the plan's chunks and algorithms on buckets
-    of the fixed threshold; where the plan leaves the torus for some bucket, the best torus."""
+    """The plan, or what the guard measured faster in its place (tftorus/runtime/plan_guard.py)
+    among `_candidates`."""
     options, comm, grid = trial.options, trial.comm, trial.grid
     if not plan_guard.enabled():  # before the candidates: each is a search of its own
         return made
     threshold = options.fusion_threshold_bytes
     fixed = fusion.DEFAULT_THRESHOLD_BYTES if threshold is None else threshold
-    rules = planner.layout_plan(grid, fixed, _fixed_rules(options, comm, grid, wire), links,
-                                comm.local_size, engine, profile, why="the fixed rules")
-    kinds = sorted({b.algorithm for b in rules.buckets})
-    candidates = [plan_guard.Candidate("the plan", made), plan_guard.Candidate(
-        f"the fixed {fixed / planner.MIB:g} MiB {'/'.join(kinds)}", rules)]
-    if threshold is None:
-        candidates.append(plan_guard.Candidate(
-            f"{fixed / planner.MIB:g} MiB buckets as planned", make(threshold_bytes=fixed)))
-    if options.algorithm == algorithms.AUTO and any(b.algorithm != "torus"
-                                                    for b in made.buckets):
-        candidates.append(plan_guard.Candidate("the planned torus", make(algorithm="torus")))
+    layouts = _fixed_rules(options, comm, grid, wire)
+    rules = planner.layout_plan(grid, fixed, layouts, links, comm.local_size, engine, profile,
+                                why="the fixed rules")
+    unpipelined = planner.layout_plan(grid, fixed, [(i, n, a, 1) for i, n, a, _ in layouts],
+                                      links, comm.local_size, engine, profile,
+                                      why="the fixed rules without chunks")
+    candidates = _candidates(made, rules, unpipelined, make, options)
     if len(plan_guard.distinct(candidates)) < 2:
         return made
     with tf.init_scope():  # the trial runs now, at the trace, on every rank alike
@@ -383,6 +378,31 @@ def _guarded(made: planner.Plan, make, trial: _Trial, wire, links, engine, profi
         return made
     return dataclasses.replace(kept.plan, why=f"{kept.name}, which the plan guard measured "
                                               f"faster than the plan")
+
+
+def _candidates(made: planner.Plan, rules: planner.Plan, unpipelined: planner.Plan, make,
+                options: TorusOptions) -> List[plan_guard.Candidate]:
+    """What the guard times: the plan; the fixed rules (`rules`); where these pipeline chunks
+    and the user did not ask for them, the same without (`unpipelined`: the paper's torus); and,
+    by `make(**change)` (the planner with one more choice fixed), what else the planner chose
+    between: where it chose the buckets, its choices on buckets of the fixed threshold; where it
+    left the torus for a bucket, the best torus."""
+    fixed = rules.threshold_bytes
+    kinds = "/".join(sorted({b.algorithm for b in rules.buckets}))
+    out = [plan_guard.Candidate("the plan", made),
+           plan_guard.Candidate(f"the fixed {fixed / planner.MIB:g} MiB {kinds}", rules)]
+    if options.pipeline_chunks is None and any(b.chunks > 1 for b in rules.buckets):
+        # chunks in flight at once pay off while the CPU keeps up; under a CPU quota that
+        # throttles a rank's bursts the unpipelined torus was 1.3x faster (docs/studies/planner.md)
+        out.append(plan_guard.Candidate(f"the fixed {fixed / planner.MIB:g} MiB {kinds} "
+                                        f"without chunks", unpipelined))
+    if options.fusion_threshold_bytes is None:
+        out.append(plan_guard.Candidate(f"{fixed / planner.MIB:g} MiB buckets as planned",
+                                        make(threshold_bytes=fixed)))
+    if options.algorithm == algorithms.AUTO and any(b.algorithm != "torus"
+                                                    for b in made.buckets):
+        out.append(plan_guard.Candidate("the planned torus", make(algorithm="torus")))
+    return out
 
 
 def replan(engine: Optional[str] = None) -> bool:
