@@ -21,6 +21,11 @@ if [ "${TFTORUS_STACK:-classic}" = current ]; then
     --flagfile=run_scripts/embedded.flags --model_dir="runs/embedded-current-$(date +%Y%m%d-%H%M%S)" "$@"
 fi
 venv="${TFTORUS_VENV:-$repo/.venv}"
+# the job's secret, which horovodrun hands to every rank (tftorus.run makes its own)
+if [ -z "${TFTORUS_JOB_SECRET:-}${TFTORUS_JOB_SECRET_FILE:-}" ]; then
+  TFTORUS_JOB_SECRET="$("$venv/bin/python" -c 'import secrets; print(secrets.token_hex(32))')"
+  export TFTORUS_JOB_SECRET
+fi
 exec "$venv/bin/horovodrun" --gloo -np 4 -H localhost:4 \
   "$venv/bin/python" run_scripts/train.py --exp=2 --grid=2x2 \
   --flagfile=run_scripts/embedded.flags --model_dir="runs/embedded-$(date +%Y%m%d-%H%M%S)" "$@"

@@ -163,6 +163,10 @@ def main(argv: List[str]) -> int:
     except (OSError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    from tftorus.launch import job_secret
+    env = dict(os.environ)
+    if not (env.get(job_secret.ENV) or env.get(job_secret.ENV_FILE)):
+        env[job_secret.ENV] = job_secret.make()  # horovodrun hands its environment to the ranks
     launched = False
     for count, first, last in groups:
         if last < start:
@@ -174,7 +178,7 @@ def main(argv: List[str]) -> int:
         cmd = [*launchers[count], TRAIN, *args]
         print(f"[run_experiment] {experiment.name}, {phases} on {count} workers:\n  "
               + " ".join(cmd), flush=True)
-        status = subprocess.call(cmd)
+        status = subprocess.call(cmd, env=env)
         if status:
             print(f"[run_experiment] {phases} failed (exit {status}); run the same command "
                   f"again to continue from the newest checkpoint", file=sys.stderr, flush=True)

@@ -139,6 +139,7 @@ LAUNCHES = (
     "tests/test_planner.py::ProbeJobTest",
     "tests/test_plan_guard.py::GuardJobTest",
     "tests/test_plan_guard.py::StalledProbeJobTest",
+    "tests/test_job_secret.py::AttackedJobTest",
     "tests/test_train_script.py::TrainScriptTest",
     "tests/test_training_equivalence.py::TrainingEquivalenceTest",
     "tests/test_worker_loss.py::TerminateHookTest",
@@ -159,6 +160,7 @@ CURRENT_STACK = (
     "tests/test_cost_model.py",
     "tests/test_planner.py",
     "tests/test_plan_guard.py",
+    "tests/test_job_secret.py",
     "tests/test_launchers.py",
     "tests/test_keras3_optimizer.py",
     "tests/test_keras3_callbacks.py",
@@ -203,6 +205,7 @@ CURRENT_STACK = (
 CURRENT_ONLY = (
     "tests/test_planner.py::ProbeJobTest::test_tf_engine_two_hosts_probe_plan_and_sum",
     "tests/test_plan_guard.py::GuardJobTest::test_tf_engine",
+    "tests/test_job_secret.py::AttackedJobTest::test_tf_engine",
     "tests/test_tf_engine.py::TFEngineJobsTest::test_twelve_ranks_task_name_order",
     "tests/test_worker_loss.py::WorkerLossTest::test_killed_worker_tf_engine",
     "tests/test_worker_loss.py::WorkerLossTest::test_stopped_worker_tf_engine",

@@ -13,6 +13,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -25,6 +26,7 @@ import tensorflow as tf
 
 from tests import harness
 from tftorus.cluster import discovery, rendezvous, tf_runtime
+from tftorus.launch import job_secret
 from tftorus.launch import local as launcher
 from tftorus.launch import rank_layout
 
@@ -204,19 +206,24 @@ class MpirunDiscoveryTest(tf.test.TestCase):
                 self.assertNotIn("\n", str(caught.exception))
 
 
+KEY = bytes(range(32))  # a job's secret
+
+
 def _free_port() -> int:
     return harness.free_ports(1)[0]
 
 
-def _exchange(ranks, size, port, timeout, sizes=None):
-    """exchange_addresses of each rank in `ranks` in a thread: rank -> its list or exception."""
+def _exchange(ranks, size, port, timeout, sizes=None, key=None, keys=None):
+    """exchange_addresses of each rank in `ranks` in a thread: rank -> its list or exception.
+    key: the job's secret (keys: a rank's own, where it differs)."""
     results = {}
 
     def one(rank):
         try:
             results[rank] = rendezvous.exchange_addresses(
                 rank, (sizes or {}).get(rank, size), f"host{rank}:{100 + rank}",
-                ("127.0.0.1", port), timeout)
+                ("127.0.0.1", port), timeout,
+                seal=job_secret.Seal((keys or {}).get(rank, key)))
         except Exception as e:  # noqa: BLE001  (the test looks at it)
             results[rank] = e
     threads = [threading.Thread(target=one, args=(r,), daemon=True) for r in ranks]
@@ -250,11 +257,72 @@ class RendezvousTest(tf.test.TestCase):
                                       r"\(TFTORUS_RENDEZVOUS, hosted by rank 0\) within 1s")
 
     def test_inconsistent_sizes(self):
-        got = _exchange([0, 1], 2, _free_port(), 5, sizes={1: 3})
+        """A rank of the job (it holds the secret) started for another size stops them all."""
+        got = _exchange([0, 1], 2, _free_port(), 5, sizes={1: 3}, key=KEY)
         for rank in (0, 1):
             self.assertRegex(str(got[rank]), rf"^rank {rank}: the rendezvous at .* got "
                                              rf"inconsistent ranks: rank 1 was started for 3 "
                                              rf"ranks, rank 0 for 2")
+
+    def test_strangers_and_idle_connections_hold_nobody_up(self):
+        """Issue 61: while the job's ranks register, a stranger holds connections open without a
+        word, registers as rank 1 (unsealed, and sealed with another key) and with a wrong
+        size, and replays a real rank's registration: the ranks get their list in time and
+        rank 0 says what it dropped."""
+        port = _free_port()
+        strangers = []
+
+        def attack():
+            for _ in range(3):  # idle connections, held open
+                strangers.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+            forged = [b"tftorus-rendezvous-1 3 1 evil:1\n",
+                      rendezvous._line(job_secret.Seal(None), {"magic": rendezvous._RDV_MAGIC,
+                                                               "size": 3, "rank": 1,
+                                                               "address": "evil:1"}),
+                      rendezvous._line(job_secret.Seal(bytes(32)), {
+                          "magic": rendezvous._RDV_MAGIC, "size": 2, "rank": 2,
+                          "address": "evil:2"})]
+            for line in forged:
+                with socket.create_connection(("127.0.0.1", port), timeout=5) as c:
+                    c.sendall(line)
+        sealed = job_secret.Seal(KEY)
+        real = rendezvous._line(sealed, {"magic": rendezvous._RDV_MAGIC, "size": 3, "rank": 1,
+                                         "address": "host1:101"})
+
+        def replay():  # rank 1's registration sent again (a stranger who captured it)
+            for _ in range(2):
+                with socket.create_connection(("127.0.0.1", port), timeout=5) as c:
+                    c.sendall(real)
+                    time.sleep(0.2)
+
+        results = {}
+        zero = threading.Thread(target=lambda: results.update(
+            _exchange([0], 3, port, 20, key=KEY)), daemon=True)
+        with mock.patch("sys.stderr") as err:
+            zero.start()
+            time.sleep(0.5)  # rank 0 listens
+            attack()
+            replay()  # the first copy is taken as rank 1's; the second is refused
+            start = time.monotonic()
+            results.update(_exchange([2], 3, port, 20, key=KEY))
+            zero.join(25)
+        said = "".join(c.args[0] for c in err.write.call_args_list)
+        for c in strangers:
+            c.close()
+        want = ("host0:100", "host1:101", "host2:102")
+        self.assertEqual(results, {0: want, 2: want})
+        self.assertLess(time.monotonic() - start, 5)
+        self.assertRegex(said, r"tftorus rendezvous \(rank 0\): dropped a connection from "
+                               r"127.0.0.1:\d+: ")
+        self.assertRegex(said, r"(\d+) connections dropped in all")
+        self.assertGreaterEqual(int(re.search(r"(\d+) connections dropped", said).group(1)), 4)
+
+    def test_a_rank_with_another_secret_is_refused(self):
+        got = _exchange([0, 1], 2, _free_port(), 2, key=KEY, keys={1: bytes(32)})
+        self.assertRegex(str(got[0]), r"^rank 0: rank\(s\) 1 did not reach the rendezvous .* "
+                                      r"and job secret")
+        self.assertRegex(str(got[1]), r"^rank 1: the rendezvous .* closed without an answer "
+                                      r"\(did rank 0 end, or refuse this rank's job secret\?\)")
 
 
 class LauncherArgumentsTest(tf.test.TestCase):

@@ -137,7 +137,7 @@ class VerdictTest(unittest.TestCase):
         rank1 = watchdog.Watchdog(1, 3, address, heartbeat_timeout=1.0, stall_timeout=100,
                                   exit=lambda code: exits.setdefault(1, code))
         rank0.start()
-        rank1._send({"r": 1, "i": {"c": 0}}, address)  # one beat, then its thread is starved
+        rank1._send({"r": 1, "i": info(0)}, address)  # one beat, then its thread is starved
         deadline = time.monotonic() + 10
         while 0 not in exits and time.monotonic() < deadline:
             time.sleep(0.05)

@@ -47,6 +47,7 @@ import time
 from typing import List, Optional, Tuple
 
 from tftorus.cluster import rendezvous
+from tftorus.launch import job_secret
 
 logger = logging.getLogger(__name__)
 
@@ -168,9 +169,9 @@ def _horovod_env(name: str) -> int:
 
 def from_horovodrun(host: Optional[str], port: Optional[int], timeout: float,
                     rendezvous_timeout: float) -> Cluster:
-    """Swap addresses through horovodrun's rendezvous key-value store (HTTP PUT/GET)."""
-    from horovod.runner.http.http_client import put_data_into_kvstore, read_data_from_kvstore
-
+    """Swap addresses through horovodrun's rendezvous key-value store (HTTP PUT/GET), each value
+    sealed under the job's secret and read as text (never unpickled, as Horovod's own client
+    would): a value that fails the seal is skipped and read again."""
     rank, size = _horovod_env("HOROVOD_RANK"), _horovod_env("HOROVOD_SIZE")
     local_rank = _horovod_env("HOROVOD_LOCAL_RANK")
     local_size = int(os.environ.get("HOROVOD_LOCAL_SIZE", "0") or 0) or size
@@ -185,20 +186,69 @@ def from_horovodrun(host: Optional[str], port: Optional[int], timeout: float,
         host = "127.0.0.1" if single_host else hostname
     my_port = port + local_rank if port is not None else _free_port(host)
     me = f"[{host}]:{my_port}" if ":" in host else f"{host}:{my_port}"
-    put_data_into_kvstore(addr, kv_port, _KV_SCOPE, str(rank), me)
-    workers, deadline = [], time.monotonic() + rendezvous_timeout
+    seal = job_secret.Seal(job_secret.load())
+    store = f"http://{join_address(addr, int(kv_port))}/{_KV_SCOPE}"
+    _kv_put(f"{store}/{rank}", seal.seal(json.dumps({"rank": rank, "address": me}).encode()))
+    workers, deadline, refused = [], time.monotonic() + rendezvous_timeout, {}
     for r in range(size):
         while True:
-            try:
-                workers.append(read_data_from_kvstore(addr, kv_port, _KV_SCOPE, str(r)))
+            value = _kv_get(f"{store}/{r}")
+            address, why = _kv_address(seal, value, r) if value is not None else (None, None)
+            if address is not None:
+                workers.append(address)
                 break
-            except RuntimeError:  # 404 until rank r has published
-                if time.monotonic() > deadline:
-                    raise RuntimeError(
-                        f"rank {rank}: rank {r} did not publish its TF server address within "
-                        f"{rendezvous_timeout:.0f}s (did it call tftorus.init(engine='tf')?)")
-                time.sleep(0.05)
+            if why:
+                refused[r] = why
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"rank {rank}: rank {r} did not publish its TF server address within "
+                    f"{rendezvous_timeout:.0f}s" + (
+                        f" (what the store held for it was refused: {refused[r]}; are all ranks "
+                        f"started with the same job secret?)" if r in refused else
+                        " (did it call tftorus.init(engine='tf')?)"))
+            time.sleep(0.05)
     return Cluster(tuple(workers), rank, local_rank, local_size, "horovodrun", timeout)
+
+
+def _kv_put(url: str, value: bytes) -> None:
+    from urllib.request import Request, urlopen
+    request = Request(url, data=value.hex().encode(), method="PUT")
+    with urlopen(request, timeout=30):
+        pass
+
+
+def _kv_get(url: str) -> Optional[bytes]:
+    """The value stored at `url`, None while there is none (404)."""
+    from urllib.error import HTTPError, URLError
+    from urllib.request import urlopen
+    try:
+        with urlopen(url, timeout=30) as response:
+            return response.read(1 << 16)
+    except HTTPError as e:
+        if e.code == 404:
+            return None
+        raise RuntimeError(f"horovodrun's key-value store at {url}: HTTP {e.code}") from None
+    except URLError as e:
+        raise RuntimeError(f"horovodrun's key-value store at {url}: {e.reason}") from None
+
+
+def _kv_address(seal: job_secret.Seal, value: bytes, rank: int):
+    """(rank `rank`'s address from its sealed value, None) or (None, why it was refused)."""
+    try:
+        data = bytes.fromhex(value.decode("ascii"))
+    except ValueError:
+        return None, "not a tftorus value"
+    message, why = seal.check(data)
+    if message is None:
+        return None, why
+    try:
+        found = json.loads(message)
+    except Exception:  # whatever the store held
+        return None, "not JSON"
+    if (not isinstance(found, dict) or found.get("rank") != rank
+            or not isinstance(found.get("address"), str)):
+        return None, f"not rank {rank}'s address"
+    return found["address"], None
 
 
 # -- Slurm (srun) ---------------------------------------------------------------------------

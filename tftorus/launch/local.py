@@ -26,6 +26,7 @@ import sys
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from tftorus.launch import job_secret
 from tftorus.launch.rank_layout import HOROVOD_VARIABLES, horovod_variables
 
 NAME = "tftorus.run"
@@ -38,7 +39,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=f"python -m {NAME}",
         usage=f"python -m {NAME} -np N [--port BASE] [--grace SECONDS] "
-              f"(script.py | -m module) [args ...]",
+              f"(script.py | -m module) [args ...]\n       python -m {NAME} --make-secret",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description=(
             "Start N processes of a tftorus tf-engine job on this machine, like torchrun's\n"
@@ -50,7 +51,9 @@ def _parser() -> argparse.ArgumentParser:
             "prefixed with '[rank] ' (stdout to stdout, stderr to stderr). When a rank exits\n"
             "non-zero the others get SIGTERM, then SIGKILL after --grace seconds, and the\n"
             "launcher exits with that rank's status (128+N for signal N). Ctrl-C or SIGTERM to\n"
-            "the launcher goes to every rank the same way."),
+            "the launcher goes to every rank the same way. Every rank gets the job's secret in\n"
+            "TFTORUS_JOB_SECRET (a new one unless it or TFTORUS_JOB_SECRET_FILE is set), which\n"
+            "seals tftorus' control traffic; --make-secret prints one for a scheduler's job."),
         epilog=(
             "One machine only. On a cluster the scheduler starts the processes and tftorus\n"
             "finds them itself: srun (Slurm), mpirun (Open MPI; TFTORUS_RENDEZVOUS across\n"
@@ -60,7 +63,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-np", "--np", "-n", "--nproc", dest="np", type=int, required=True,
                    metavar="N", help="number of processes (ranks) to start")
     p.add_argument("--port", type=int, default=None, metavar="BASE",
-                   help="rank r listens on 127.0.0.1:BASE+r (default: free ports chosen by the "
+                   help="rank r is named at 127.0.0.1:BASE+r (TensorFlow's server binds every "
+                        "interface at that port; default: free ports chosen by the "
                         "OS)")
     p.add_argument("--grace", type=float, default=DEFAULT_GRACE_SECONDS, metavar="SECONDS",
                    help=f"after SIGTERM, seconds before SIGKILL (default "
@@ -165,6 +169,8 @@ class Job:
         if kept:
             self.say(f"{', '.join(kept)} set in the environment: every rank gets that value "
                      f"(unset it to have each rank's own)")
+        if not (base_env.get(job_secret.ENV) or base_env.get(job_secret.ENV_FILE)):
+            base_env[job_secret.ENV] = job_secret.make()  # this job's alone
         hosts = ["localhost"] * len(ports)
         for rank, config in enumerate(tf_configs(ports)):
             env = {**horovod_variables(hosts, rank), **base_env, "TF_CONFIG": config}
@@ -269,7 +275,11 @@ class Job:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    opts, program = parse(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv == ["--make-secret"]:  # for schedulers: export TFTORUS_JOB_SECRET=$(... --make-secret)
+        print(job_secret.make())
+        return 0
+    opts, program = parse(argv)
     ports = (list(range(opts.port, opts.port + opts.np)) if opts.port is not None
              else free_ports(opts.np))
     job = Job(opts.grace)

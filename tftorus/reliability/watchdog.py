@@ -27,6 +27,7 @@ signal handler would never run while the main thread is blocked inside a TensorF
 import ctypes
 import dataclasses
 import json
+import math
 import os
 import signal
 import socket
@@ -34,6 +35,8 @@ import sys
 import threading
 import time
 from typing import Callable, Dict, List, Optional, Tuple
+
+from tftorus.launch import job_secret
 
 EXIT_STATUS = 4
 ENV_HOST = "TFTORUS_WATCHDOG_HOST"
@@ -98,8 +101,33 @@ class Verdict:
         return {"kind": self.kind, "ranks": self.ranks, "text": self.text}
 
     @classmethod
-    def from_json(cls, d: dict) -> "Verdict":
-        return cls(d["kind"], list(d["ranks"]), d["text"])
+    def from_json(cls, d: dict, size: int) -> "Verdict":
+        """The verdict a reply carries; ValueError for anything not made by `to_json`."""
+        ranks = d.get("ranks") if isinstance(d, dict) else None
+        if (d.get("kind") not in ("lost", "stalled") or not isinstance(ranks, list) or not ranks
+                or not all(_is_int(r) and 0 <= r < size for r in ranks)
+                or not isinstance(d.get("text"), str) or len(d["text"]) > MAX_TEXT):
+            raise ValueError("not a verdict")
+        return cls(d["kind"], list(ranks), d["text"])
+
+
+MAX_TEXT = 4096  # a verdict's text; a heartbeat's "what" is far shorter
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def checked_info(info) -> dict:
+    """A heartbeat's progress fields as `_Progress.as_dict` makes them; ValueError otherwise."""
+    if (not isinstance(info, dict) or not _is_int(info.get("c")) or not 0 <= info["c"] < 2 ** 62
+            or not isinstance(info.get("w"), str) or len(info["w"]) > 256
+            or not all(info.get(k) is None or _is_int(info[k]) for k in ("p", "s"))
+            or not (info.get("e") is None or (isinstance(info["e"], (int, float))
+                                              and not isinstance(info["e"], bool)
+                                              and math.isfinite(info["e"])))):
+        raise ValueError("not a heartbeat")
+    return {k: info.get(k) for k in ("c", "w", "p", "e", "s")}
 
 
 class Monitor:
@@ -176,17 +204,24 @@ def interval_for(heartbeat_timeout: float) -> float:
 class Watchdog:
     def __init__(self, rank: int, size: int, address: Tuple[str, int], heartbeat_timeout: float,
                  stall_timeout: float, sock: Optional[socket.socket] = None,
-                 exit: Callable[[int], None] = os._exit):
+                 exit: Callable[[int], None] = os._exit,
+                 seal: Optional[job_secret.Seal] = None):
         self.rank, self.size, self.address = rank, size, address
         self.heartbeat_timeout, self.stall_timeout = heartbeat_timeout, stall_timeout
         self.interval = interval_for(heartbeat_timeout)
+        self.seal = seal or job_secret.Seal(None)
         self._exit = exit
         self._stop = threading.Event()
         self._verdict: Optional[Verdict] = None
         self._got_verdict = threading.Event()
         self._defer_exit = False  # the main thread waits for the verdict (a failed collective)
         self._lock = threading.Lock()
-        self.sock = sock or socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.dropped = 0  # datagrams refused: not the job's, malformed, replayed
+        if sock is None:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            if rank != 0:  # only on the interface that reaches rank 0, not every one
+                sock.bind((_local_address_towards(address), 0))
+        self.sock = sock
         self.sock.settimeout(self.interval)
         if rank == 0:
             self.monitor = Monitor(size, heartbeat_timeout, stall_timeout)
@@ -202,9 +237,32 @@ class Watchdog:
     # -- wire ------------------------------------------------------------------------------------
     def _send(self, payload: dict, to) -> None:
         try:
-            self.sock.sendto(json.dumps(payload).encode(), to)
+            self.sock.sendto(self.seal.seal(json.dumps(payload).encode()), to)
         except OSError:
             pass  # a full buffer or an unreachable peer: the timeouts decide
+
+    def _message(self, data: bytes, peer) -> Optional[dict]:
+        """The JSON object a datagram carries, or None (counted, the first one said) when it
+        is not the job's: wrong seal, replayed, or not an object."""
+        message, why = self.seal.check(data)
+        if message is not None:
+            try:
+                msg = json.loads(message)
+            except Exception:  # RecursionError and OverflowError as well as bad JSON
+                msg, why = None, "not a JSON object"
+            if msg is not None and not isinstance(msg, dict):
+                msg, why = None, "not a JSON object"
+            if msg is not None:
+                return msg
+        self.drop(peer, why)
+        return None
+
+    def drop(self, peer, why: str) -> None:
+        self.dropped += 1
+        if self.dropped == 1:
+            print(f"tftorus watchdog (rank {self.rank}): dropped a datagram from "
+                  f"{_where(peer)}: {why}; later ones are counted, and the count said at the end",
+                  file=sys.stderr, flush=True)
 
     def _status(self) -> dict:
         return {"v": self._verdict.to_json() if self._verdict else None,
@@ -222,17 +280,14 @@ class Watchdog:
         while not self._stop.is_set():
             try:
                 data, peer = self.sock.recvfrom(65536)
-                msg = json.loads(data)
-                r = int(msg["r"])
-                if 0 < r < self.size:
-                    self.peers[r] = peer
-                    self.monitor.heard(r, msg["i"], finished=bool(msg.get("f")))
-                    self._send(self._status(), peer)
             except socket.timeout:
-                pass
-            except (OSError, ValueError, KeyError, TypeError, AttributeError):
-                if self._stop.is_set():  # else a stray or malformed datagram: ignore it
+                data = None
+            except OSError:
+                if self._stop.is_set():
                     return
+                data = None
+            if data is not None:
+                self._heard(data, peer)
             now = time.monotonic()
             if now >= next_check and not self._stop.is_set():
                 next_check = now + self.interval
@@ -243,6 +298,23 @@ class Watchdog:
                         # answer the live ranks for a moment so they all hear who was lost
                         self._decide(verdict, grace=2 * self.interval + 0.5)
                         self._push()
+
+    def _heard(self, data: bytes, peer) -> None:
+        """Rank 0: one heartbeat, taken only if it is the job's and well formed, from the
+        address its rank was first heard from."""
+        msg = self._message(data, peer)
+        if msg is None:
+            return
+        try:
+            r, info, finished = msg.get("r"), checked_info(msg.get("i")), msg.get("f", False)
+            if not _is_int(r) or not 0 < r < self.size or not isinstance(finished, bool):
+                raise ValueError("not a heartbeat")
+        except ValueError as e:
+            return self.drop(peer, str(e))
+        if self.peers.setdefault(r, peer) != peer:
+            return self.drop(peer, f"rank {r}'s heartbeat from another address than before")
+        self.monitor.heard(r, info, finished=finished)
+        self._send(self._status(), peer)
 
     def _push(self):
         """Rank 0: send the verdict to every rank heard so far, unasked. A rank whose watchdog
@@ -276,34 +348,44 @@ class Watchdog:
                     if verdict is not None:  # rank 0 is gone: nobody to wait for
                         self._decide(verdict, grace=0.0)
             try:
-                self._handle(self.sock.recvfrom(65536)[0])
+                self._handle(*self.sock.recvfrom(65536))
             except socket.timeout:
                 pass
-            except (OSError, ValueError, KeyError, TypeError, AttributeError):
-                if self._stop.is_set():  # else a stray or malformed datagram: ignore it
+            except OSError:
+                if self._stop.is_set():
                     return
 
     def _drain(self) -> bool:
         """Handle every datagram already received; False once the watchdog is stopping."""
         while True:
             try:
-                data, _ = self.sock.recvfrom(65536, socket.MSG_DONTWAIT)
+                data, peer = self.sock.recvfrom(65536, socket.MSG_DONTWAIT)
             except (BlockingIOError, socket.timeout):
                 return True
             except OSError:
                 return not self._stop.is_set()
-            try:
-                self._handle(data)
-            except (ValueError, KeyError, TypeError, AttributeError):
-                pass  # a stray or malformed datagram
+            self._handle(data, peer)
 
-    def _handle(self, data: bytes) -> None:
-        msg = json.loads(data)
-        self.monitor.replied(msg.get("i"), finished=bool(msg.get("f")))
-        if msg.get("v") and self._verdict is None:
+    def _handle(self, data: bytes, peer) -> None:
+        """A non-zero rank: rank 0's reply, taken only if it is the job's, well formed and
+        from rank 0's address."""
+        if tuple(peer[:2]) != tuple(self.address):
+            return self.drop(peer, f"not from rank 0 ({_where(self.address)})")
+        msg = self._message(data, peer)
+        if msg is None:
+            return
+        try:
+            info = None if msg.get("i") is None else checked_info(msg["i"])
+            verdict = None if not msg.get("v") else Verdict.from_json(msg["v"], self.size)
+            if not isinstance(msg.get("f", False), bool):
+                raise ValueError("not a reply")
+        except (ValueError, AttributeError) as e:
+            return self.drop(peer, str(e) or "not a reply")
+        self.monitor.replied(info, finished=msg.get("f", False))
+        if verdict is not None and self._verdict is None:
             # not at once: a peer still waiting for its reply would see this rank's exit
             # (Gloo aborts) before it hears the verdict
-            self._decide(Verdict.from_json(msg["v"]), grace=self.interval + 0.5)
+            self._decide(verdict, grace=self.interval + 0.5)
 
     def _decide(self, verdict: Verdict, grace: float):
         with self._lock:
@@ -345,6 +427,27 @@ class Watchdog:
                 self._send({"r": self.rank, "i": _progress.as_dict(), "f": True}, self.address)
         self.thread.join(timeout=2 * self.interval + 1.0)
         self.sock.close()
+        if self.dropped:
+            print(f"tftorus watchdog (rank {self.rank}): {self.dropped} datagram"
+                  f"{'s' * (self.dropped != 1)} dropped in all (not the job's, malformed or "
+                  f"replayed)", file=sys.stderr, flush=True)
+
+
+def _where(peer) -> str:
+    try:
+        return f"{peer[0]}:{peer[1]}"
+    except (TypeError, IndexError):
+        return repr(peer)
+
+
+def _local_address_towards(address: Tuple[str, int]) -> str:
+    """This host's address on the route to `address` (loopback for a loopback address)."""
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect(address)  # UDP: picks the route, sends nothing
+        return probe.getsockname()[0]
+    finally:
+        probe.close()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -387,21 +490,48 @@ def start(heartbeat_timeout: float, stall_timeout: float) -> Optional[Watchdog]:
         return None
     local_size = (hvd.local_size() if process_state.horovod_running()
                   else process_state.communicator().local_size)
+    key = job_secret.load()
     sock = None
     mine = [0] * 5
     if rank == 0:
         host = _advertised_host(local_size == size)
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        sock.bind(("127.0.0.1" if host == "127.0.0.1" else "0.0.0.0", 0))
+        try:
+            sock.bind((host, 0))  # the advertised address only (loopback on one host)
+        except OSError as e:
+            raise RuntimeError(f"the watchdog cannot listen on {host} ({e.strerror}): set "
+                               f"{ENV_HOST} to an address of rank 0's host") from None
         mine = [int(x) for x in host.split(".")] + [sock.getsockname()[1]]
-    # Only rank 0 adds non-zeros: the sum is rank 0's address on every rank.
-    got = world.allreduce_sum(tf.constant(mine, tf.int32), name="tftorus_watchdog_address")
+    # Only rank 0 adds its address: the sum is rank 0's address on every rank. Every rank
+    # adds its secret's fingerprint (and 1 if it has none): equal sums on every rank or a
+    # rank was started with another secret.
+    fingerprint = job_secret.fingerprint(key)
+    got = world.allreduce_sum(tf.constant(mine + [fingerprint, int(key is None)], tf.int32),
+                              name="tftorus_watchdog_address")
     got = [int(x) for x in got.numpy()]
     address = (".".join(str(x) for x in got[:4]), got[4])
-    _current = Watchdog(rank, size, address, heartbeat_timeout, stall_timeout, sock=sock).start()
+    check_same_secret(rank, size, key, got[5], got[6])
+    _current = Watchdog(rank, size, address, heartbeat_timeout, stall_timeout, sock=sock,
+                        seal=job_secret.Seal(key)).start()
     if process_state.horovod_running():
         install_terminate_hook()
     return _current
+
+
+def check_same_secret(rank: int, size: int, key: Optional[bytes], fingerprints: int,
+                      without: int) -> None:
+    """From the sums of every rank's secret fingerprint and of the ranks without a secret:
+    stop this rank with one line if its secret is not the others', and on rank 0 say once that
+    a job without one has unauthenticated control traffic."""
+    if fingerprints != size * job_secret.fingerprint(key):
+        raise RuntimeError(
+            f"tftorus: the ranks were started with different job secrets ({without} of {size} "
+            f"with none; rank {rank} with {'none' if key is None else 'one'}): give every rank "
+            f"the same {job_secret.ENV} or {job_secret.ENV_FILE} (python -m tftorus.run does)")
+    if key is None and rank == 0:
+        print(f"tftorus: no job secret ({job_secret.ENV}): the watchdog's control traffic is "
+              f"unauthenticated, and anyone who reaches this job's hosts can stop it "
+              f"(docs/guide/security.md)", file=sys.stderr, flush=True)
 
 
 # ------------------------------------------------------------------------------------------------
