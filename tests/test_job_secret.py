@@ -82,11 +82,11 @@ class SealTest(unittest.TestCase):
         self.assertNotEqual(a, b)
         self.assertEqual(job_secret.fingerprint(None), 0)
         watchdog.check_same_secret(1, 4, KEY, 4 * a, 0)  # all alike: nothing said
-        with self.assertRaisesRegex(RuntimeError, r"1 of 4 with none; rank 2 with one"):
+        with self.assertRaisesRegex(ValueError, r"1 of 4 with none; rank 2 with one"):
             watchdog.check_same_secret(2, 4, KEY, 3 * a, 1)
-        with self.assertRaisesRegex(RuntimeError, r"rank 3 with none"):
+        with self.assertRaisesRegex(ValueError, r"rank 3 with none"):
             watchdog.check_same_secret(3, 4, None, 3 * a, 1)
-        with self.assertRaisesRegex(RuntimeError, "different job secrets"):
+        with self.assertRaisesRegex(ValueError, "different job secrets"):
             watchdog.check_same_secret(0, 2, KEY, a + b, 0)
 
 

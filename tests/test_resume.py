@@ -5,10 +5,12 @@ tests/test_paper_scale.py); a foreign model_dir refused.
 The multi-process tests run run_scripts/train.py under horovodrun (the current stack: tftorus'
 local launcher) on a small generated set."""
 import dataclasses
+import errno
 import json
 import os
 import shutil
 import tempfile
+from unittest import mock
 
 import numpy as np
 import tensorflow as tf
@@ -229,6 +231,106 @@ class CheckpointFilesTest(tf.test.TestCase):
             checkpointing.CheckpointState.from_dict(dict(saved, format=2))
         with self.assertRaisesRegex(checkpointing.CheckpointError, "not a checkpoint state"):
             checkpointing.CheckpointState.from_dict({"epoch": 1.0})
+
+    # Issue 61: retention and writes that cannot lose the last good checkpoint.
+    def test_an_io_error_while_pruning_deletes_nothing(self):
+        """A transient error reading an old phase boundary (EIO on NFS) kept it; before, any
+        error reading its state.json deleted it."""
+        boundary = self.save(1, boundary=True)
+        self.save(2)
+        real_open = open
+
+        def flaky_open(path, *args, **kwargs):
+            if str(path).startswith(boundary):
+                raise OSError(errno.EIO, "Input/output error")
+            return real_open(path, *args, **kwargs)
+        with mock.patch("builtins.open", flaky_open), \
+                self.assertLogs(checkpointing.logger, "WARNING") as logs:
+            self.save(3)
+            self.save(4)
+        self.assertTrue(os.path.isdir(boundary))
+        self.assertIn("cannot be read now", "\n".join(logs.output))
+
+    def test_non_finite_weights_never_count_as_good(self):
+        """--keep_checkpoints=1 and a NaN in the newest: the last finite one stays, and a
+        resume takes it."""
+        writer = checkpointing.CheckpointWriter(self.ckpt, self.dir, keep=1)
+        self.v.assign([1.0, 1.0, 1.0])
+        finite = writer.save(checkpointing.CheckpointState(epoch=1.0, phase=0, world_size=1,
+                                                           total_batch=8))
+        self.v.assign([float("nan"), 2.0, 2.0])
+        with self.assertLogs(checkpointing.logger, "WARNING"):
+            nan = writer.save(checkpointing.CheckpointState(epoch=2.0, phase=0, world_size=1,
+                                                            total_batch=8))
+            found = checkpointing.latest_valid(self.dir)
+        self.assertTrue(os.path.isdir(finite) and os.path.isdir(nan))
+        self.assertFalse(checkpointing.is_finite(nan))
+        self.assertEqual(found[0], finite)
+
+    def test_a_crash_between_the_two_renames_keeps_the_epoch(self):
+        """A re-save of an epoch (after a fallback) that dies after moving the old copy aside
+        and before the new one is in place: the old copy still resumes."""
+        self.save(1)
+        self.save(2)
+        real_rename = os.rename
+
+        def dies_on_the_second(src, dst):
+            if os.path.basename(src).startswith(checkpointing.TMP_PREFIX):
+                raise KeyboardInterrupt  # the process ends here
+            return real_rename(src, dst)
+        with mock.patch("os.rename", dies_on_the_second), self.assertRaises(KeyboardInterrupt):
+            self.save(2)
+        found, state = checkpointing.latest_valid(self.dir)
+        self.assertEqual(state.epoch, 2.0)
+        self.assertEqual(self.load_value(found), 2.0)
+        path = self.save(2)  # the next save puts it back in place and clears the old copy
+        self.assertEqual(checkpointing.latest_valid(self.dir)[0], path)
+        self.assertEqual([os.path.basename(p) for p in checkpointing.list_checkpoints(self.dir)],
+                         ["epoch-0001.000", "epoch-0002.000"])
+
+    def test_a_second_job_on_the_model_dir_is_refused(self):
+        """Rank 0 of a running job holds model_dir's lock (another process: a fork here); a
+        second job's rank 0 is refused in one line naming the first."""
+        ready_r, ready_w = os.pipe()
+        done_r, done_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the first job
+            try:
+                held = checkpointing.ModelDirLock(self.dir)  # noqa: F841  (held till the exit)
+                os.write(ready_w, b"x")
+                os.read(done_r, 1)
+            finally:
+                os._exit(0)
+        try:
+            os.read(ready_r, 1)
+            with self.assertRaisesRegex(checkpointing.CheckpointError,
+                                        rf"in use by another job \(pid {pid} on .*\); give this "
+                                        rf"one another --model_dir"):
+                checkpointing.ModelDirLock(self.dir)
+        finally:
+            os.write(done_w, b"x")
+            os.waitpid(pid, 0)
+        checkpointing.ModelDirLock(self.dir).release()  # the first ended: free again
+
+    def test_wrong_shaped_manifests_are_refused_not_crashed_on(self):
+        good = self.save(1)
+        for manifest in ('[]', '{"files": []}', '{"files": {"state.json": 3}}',
+                         '{"files": {"../../etc/passwd": {"size": 1, "sha256": "x"}}}',
+                         '{"files": {}, "finite": "yes"}', '[' * 5000 + ']' * 5000):
+            with self.subTest(manifest=manifest[:40]):
+                bad = self.save(2)
+                with open(os.path.join(bad, "manifest.json"), "w") as f:
+                    f.write(manifest)
+                with self.assertRaises(checkpointing.CheckpointError):
+                    checkpointing.verify(bad)
+                with self.assertLogs(checkpointing.logger, "WARNING"):
+                    self.assertEqual(checkpointing.latest_valid(self.dir)[0], good)
+                shutil.rmtree(bad)
+
+    def test_json_writes_leave_no_temporary_file(self):
+        path = os.path.join(self.dir, "config.json")
+        checkpointing.write_json_atomic(path, {"a": 1})
+        self.assertEqual(os.listdir(self.dir), ["config.json"])
 
     def test_trim_history_after_a_fallback(self):
         path = os.path.join(self.dir, "history.jsonl")

@@ -16,13 +16,18 @@ previous valid checkpoint with a warning. The last `keep` checkpoints are kept, 
 that ends a phase of the batch plan (where the world size may change).
 """
 import dataclasses
+import errno
 import hashlib
 import json
 import logging
 import os
 import shutil
+import socket
+import tempfile
+import time
 from typing import Collection, Dict, Iterable, List, Optional, Tuple
 
+import numpy as np
 import tensorflow as tf
 
 from official_resnet.model.keras_generation import KERAS
@@ -35,6 +40,7 @@ MANIFEST = "manifest.json"
 STATE = "state.json"
 PREFIX = "ckpt"
 TMP_PREFIX = ".tmp-"
+PREVIOUS = ".previous"  # an epoch's older copy while a re-save replaces it
 FORMAT_VERSION = 1  # of state.json and manifest.json; a newer one is refused by name
 
 
@@ -120,12 +126,19 @@ def _fsync_dir(path: str):
 
 def write_json_atomic(path: str, obj, indent=2):
     """Write temp + fsync + os.replace: readers see the old file or the new one, never half."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(obj if isinstance(obj, str) else json.dumps(obj, indent=indent, sort_keys=True))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f"{TMP_PREFIX}{os.path.basename(path)}-", dir=folder)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(obj if isinstance(obj, str) else json.dumps(obj, indent=indent,
+                                                                sort_keys=True))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
     _fsync_dir(os.path.dirname(os.path.abspath(path)))
 
 
@@ -144,12 +157,7 @@ def verify(path: str) -> CheckpointState:
         raise CheckpointError(f"{path} is an unfinished write (temporary directory)")
     if not os.path.isfile(manifest_path):
         raise CheckpointError(f"{path} has no {MANIFEST} (an interrupted write)")
-    try:
-        with open(manifest_path) as f:
-            manifest = json.load(f)
-        files = manifest["files"]
-    except (ValueError, KeyError, TypeError) as error:
-        raise CheckpointError(f"{manifest_path} is not a valid manifest: {error}") from None
+    files = _manifest(manifest_path)["files"]
     if STATE not in files or not any(n.startswith(PREFIX + ".index") for n in files):
         raise CheckpointError(f"{manifest_path} does not list {STATE} and the checkpoint index")
     for name, entry in files.items():
@@ -164,6 +172,42 @@ def verify(path: str) -> CheckpointState:
             raise CheckpointError(f"{path}: {name} does not match its sha256 in the manifest")
     with open(os.path.join(path, STATE)) as f:
         return CheckpointState.from_dict(json.load(f), os.path.join(path, STATE))
+
+
+def _manifest(path: str) -> Dict:
+    """A manifest as save() writes it; CheckpointError for anything else (valid JSON of another
+    shape included). OSError (the disk) passes: that proves nothing about the checkpoint."""
+    try:
+        with open(path) as f:
+            manifest = json.load(f)
+    except (ValueError, RecursionError) as error:
+        raise CheckpointError(f"{path} is not a valid manifest: {error}") from None
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict) or not all(
+            isinstance(name, str) and name == os.path.basename(name) and name not in ("", ".", "..")
+            and isinstance(entry, dict) and isinstance(entry.get("size"), int)
+            and isinstance(entry.get("sha256"), str) for name, entry in files.items()):
+        raise CheckpointError(f"{path} is not a valid manifest (files: name -> size, sha256)")
+    if not isinstance(manifest.get("finite", True), bool):
+        raise CheckpointError(f"{path} is not a valid manifest (finite: true or false)")
+    return manifest
+
+
+def is_finite(path: str) -> bool:
+    """False when the checkpoint's manifest says its weights or statistics hold a NaN or an
+    infinity (such a one is never resumed from nor counted among those kept)."""
+    return _manifest(os.path.join(path, MANIFEST)).get("finite", True)
+
+
+def all_finite(prefix: str) -> bool:
+    """Whether every floating-point value saved under a TF checkpoint `prefix` is finite."""
+    reader = tf.train.load_checkpoint(prefix)
+    for name, dtype in reader.get_variable_to_dtype_map().items():
+        if dtype.is_floating:
+            value = reader.get_tensor(name)
+            if hasattr(value, "dtype") and not np.isfinite(value).all():
+                return False
+    return True
 
 
 def list_checkpoints(model_dir: str) -> List[str]:
@@ -182,8 +226,11 @@ def latest_valid(model_dir: str, warn: bool = True
     directories decide (a pointer could name one whose files were damaged since)."""
     for path in reversed(list_checkpoints(model_dir)):
         try:
-            return path, verify(path)
-        except CheckpointError as error:
+            state = verify(path)
+            if not is_finite(path):
+                raise CheckpointError(f"{path} holds non-finite weights or statistics")
+            return path, state
+        except (CheckpointError, OSError) as error:
             if warn:
                 logger.warning("skipping checkpoint %s: %s; falling back to the previous one",
                                path, error)
@@ -227,9 +274,7 @@ class CheckpointWriter:
         os.makedirs(self.root, exist_ok=True)
         name = checkpoint_name(state.epoch)
         final = os.path.join(self.root, name)
-        tmp = os.path.join(self.root, f"{TMP_PREFIX}{name}-{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        os.makedirs(tmp)
+        tmp = tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{name}-", dir=self.root)
         self.checkpoint.write(os.path.join(tmp, PREFIX))
         with open(os.path.join(tmp, STATE), "w") as f:
             f.write(state.to_json())
@@ -238,39 +283,98 @@ class CheckpointWriter:
             p = os.path.join(tmp, n)
             _fsync_file(p)
             files[n] = {"size": os.path.getsize(p), "sha256": _sha256(p)}
+        finite = all_finite(os.path.join(tmp, PREFIX))
+        if not finite:
+            logger.warning("checkpoint %s holds non-finite weights or statistics: kept, but "
+                           "never resumed from nor counted among the %d kept", name, self.keep)
         with open(os.path.join(tmp, MANIFEST), "w") as f:
-            json.dump({"format": FORMAT_VERSION, "files": files}, f, indent=2, sort_keys=True)
+            json.dump({"format": FORMAT_VERSION, "files": files, "finite": finite}, f,
+                      indent=2, sort_keys=True)
             f.flush()
             os.fsync(f.fileno())
         _fsync_dir(tmp)
-        if os.path.exists(final):  # a re-run of the same epoch (resumed from an older one)
-            stale = os.path.join(self.root, f"{TMP_PREFIX}stale-{name}-{os.getpid()}")
-            os.rename(final, stale)
-            shutil.rmtree(stale, ignore_errors=True)
+        previous = final + PREVIOUS
+        if os.path.exists(final):  # a re-run of the same epoch (resumed from an older one):
+            # the old copy stays a loadable checkpoint until the new one is in place
+            shutil.rmtree(previous, ignore_errors=True)
+            os.rename(final, previous)
         os.rename(tmp, final)
         _fsync_dir(self.root)
+        shutil.rmtree(previous, ignore_errors=True)
         write_json_atomic(os.path.join(self.root, LATEST), name + "\n")
         self._prune()
         return final
 
     def _prune(self):
-        """Keep the newest `keep` valid checkpoints (and anything newer than them, even invalid,
-        for inspection), every phase-boundary one; drop older ones and stale temporary dirs."""
-        valid = 0
+        """Keep the newest `keep` good checkpoints (verified, finite) and anything newer than
+        them (even invalid, for inspection), and every phase-boundary one; delete only what is
+        proven stale: older and good, or older and proven invalid. One that cannot be read now
+        (an I/O error) is kept. Temporary directories are other writes' leftovers (model_dir
+        is locked: no other job writes here)."""
+        good = 0
         for path in reversed(list_checkpoints(self.model_dir)):
-            if valid < self.keep:
-                valid += _state_or_none(path) is not None
+            if path.endswith(PREVIOUS):
+                if os.path.isdir(path[:-len(PREVIOUS)]):  # its replacement is in place
+                    shutil.rmtree(path, ignore_errors=True)
                 continue
             try:
-                with open(os.path.join(path, STATE)) as f:
-                    if CheckpointState.from_dict(json.load(f)).phase_boundary:
-                        continue
-            except (OSError, ValueError):  # CheckpointError too
-                pass  # invalid and old: remove
+                state = verify(path)
+                finite = is_finite(path)
+            except CheckpointError:
+                state, finite = None, False  # proven invalid
+            except OSError as error:
+                logger.warning("keeping checkpoint %s: it cannot be read now (%s)", path, error)
+                continue
+            if good < self.keep:
+                good += state is not None and finite
+                continue
+            if state is not None and state.phase_boundary:
+                continue
             shutil.rmtree(path, ignore_errors=True)
         for n in os.listdir(self.root):
-            if n.startswith(TMP_PREFIX) and not n.endswith(f"-{os.getpid()}"):
-                shutil.rmtree(os.path.join(self.root, n), ignore_errors=True)
+            if n.startswith(TMP_PREFIX):
+                target = os.path.join(self.root, n)
+                if os.path.isdir(target):
+                    shutil.rmtree(target, ignore_errors=True)
+                else:
+                    try:
+                        os.unlink(target)
+                    except OSError:
+                        pass
+
+
+class ModelDirLock:
+    """One job per model_dir: rank 0 holds a POSIX lock on model_dir/.lock (fcntl.lockf, which
+    NFSv4 carries across hosts) for the job's life; a second job is refused in one line naming
+    the first."""
+
+    NAME = ".lock"
+
+    def __init__(self, model_dir: str):
+        import fcntl
+        os.makedirs(model_dir, exist_ok=True)
+        self.path = os.path.join(model_dir, self.NAME)
+        self.file = open(self.path, "a+")
+        try:
+            fcntl.lockf(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as error:
+            if error.errno not in (errno.EACCES, errno.EAGAIN):
+                self.file.close()
+                raise
+            self.file.seek(0)
+            holder = self.file.read().strip() or "another process"
+            self.file.close()
+            raise CheckpointError(f"{model_dir} is in use by another job ({holder}); give this "
+                                  f"one another --model_dir, or wait for that one to end") from None
+        self.file.seek(0)
+        self.file.truncate()
+        self.file.write(f"pid {os.getpid()} on {socket.gethostname()} since "
+                        f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        self.file.flush()
+
+    def release(self) -> None:
+        if not self.file.closed:
+            self.file.close()  # closing drops the lock
 
 
 # ------------------------------------------------------------------------------------------------
@@ -403,5 +507,5 @@ def check_world(state: CheckpointState, path: str, plans, world_size: int,
 def _state_or_none(path):
     try:
         return verify(path)
-    except CheckpointError:
+    except (CheckpointError, OSError):
         return None

@@ -524,7 +524,7 @@ def check_same_secret(rank: int, size: int, key: Optional[bytes], fingerprints: 
     stop this rank with one line if its secret is not the others', and on rank 0 say once that
     a job without one has unauthenticated control traffic."""
     if fingerprints != size * job_secret.fingerprint(key):
-        raise RuntimeError(
+        raise ValueError(
             f"tftorus: the ranks were started with different job secrets ({without} of {size} "
             f"with none; rank {rank} with {'none' if key is None else 'one'}): give every rank "
             f"the same {job_secret.ENV} or {job_secret.ENV_FILE} (python -m tftorus.run does)")
