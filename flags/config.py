@@ -8,6 +8,7 @@ the experiment's phases, batches and workers), which every entry point reads.
 """
 import dataclasses
 import json
+import math
 from typing import Optional
 
 from absl import flags
@@ -208,6 +209,10 @@ def resolve(fv=None) -> TrainConfig:
         raise ValueError(f"--lr_config must be A or B, got {fv.lr_config!r}")
     smoothing = experiment.label_smoothing if fv.label_smoothing is None else fv.label_smoothing
     gpus_per_phase = str(fv.gpus_per_phase).strip().lower().replace(" ", "")
+    values = fv.flag_values_dict() if hasattr(fv, "flag_values_dict") else vars(fv)
+    for name, value in sorted(values.items()):  # inf would pass every "> 0" below
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"--{name} must be a finite number, got {value}")
     checks = [
         (fv.base_lr is None or fv.base_lr > 0, f"--base_lr must be > 0, got {fv.base_lr}"),
         (fv.base_lr is None or lr_config == "A",

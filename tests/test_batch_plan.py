@@ -116,6 +116,12 @@ class FlagsTest(tf.test.TestCase):
         with flagsaver.flagsaver(exp="2", epochs=-1.0):
             with self.assertRaisesRegex(ValueError, "--epochs must be positive"):
                 flag_config.resolve()
+        # inf passes every "> 0" (--heartbeat_timeout=inf turned the watchdog off): refused
+        for name, value in (("heartbeat_timeout", float("inf")), ("base_lr", float("nan")),
+                            ("stall_timeout", float("-inf"))):
+            with flagsaver.flagsaver(exp="2", **{name: value}):
+                with self.assertRaisesRegex(ValueError, rf"--{name} must be a finite number"):
+                    flag_config.resolve()
 
     def test_batch_divisor_divides_the_lr_unless_lr_scale_is_given(self):
         """The scale-down rule: batches / D -> LR schedule / D; --lr_scale overrides it."""
