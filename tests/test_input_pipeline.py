@@ -230,6 +230,25 @@ class InputPipelineTest(tf.test.TestCase):
         with self.assertRaisesRegex(ip.DataError, "not_tfrecord"):
             ip.count_records(ip.list_files(d, "train"))
 
+    def test_a_record_damaged_mid_epoch_stops_in_words_naming_the_file(self):
+        """Issue 61: a file whose later record's bytes rotted (its CRC fails) passes the eager
+        check of the first record; reading on, the job stops with one line naming the file."""
+        good = example(self.photos[0], 1)
+        d = self.bad_dir("rotted_later", [good] * 4)
+        path = ip.list_files(d, "train")[0]
+        with open(path, "r+b") as f:  # a byte in the third record's payload
+            size = os.path.getsize(path)
+            f.seek(size - size // 4)
+            byte = f.read(1)
+            f.seek(-1, os.SEEK_CUR)
+            f.write(bytes([byte[0] ^ 0xFF]))
+        ds = ip.make_dataset(d, "train", 1, repeat=False, image_size=8)
+        with self.assertRaisesRegex(ip.DataError, r"a record file is damaged \(.*\): "
+                                                  r".*rotted_later/train-00000-of-00001; "
+                                                  r"re-create .*--resume=auto"):
+            with ip.data_errors_in_words():
+                list(ds)
+
     def test_labels_out_of_range(self):
         d = self.bad_dir("label_1001", [example(self.photos[0], 1001)])
         with self.assertRaisesRegex(ip.DataError, "label 1001.*label_offset"):

@@ -74,6 +74,36 @@ class ResumeRunsTest(harness.EmbeddedDataCase, tf.test.TestCase):
         shutil.copytree(model_dir, copy)
         return copy
 
+    def test_ranks_that_see_different_model_dirs_stop_before_restoring(self):
+        """Issue 61: rank 0's model_dir holds the stopped run, rank 1's (per-host scratch) is
+        empty. Before, rank 0 resumed at epoch 1 and rank 1 started afresh; now both stop
+        before anything is restored or written, rank 1 naming what it sees."""
+        shared = self.stopped_copy("seen-by-rank-0")
+        scratch = os.path.join(self.tmp, "seen-by-rank-1")
+        before = sorted(os.listdir(os.path.join(shared, "checkpoints")))
+        with open(os.path.join(shared, "history.jsonl")) as f:
+            history = f.read()
+        workers = [f"127.0.0.1:{p}" for p in harness.free_ports(2)]
+        result = harness.run_ranks(
+            [harness.worker("train_with_env_model_dir.py"), f"--flagfile={FLAGFILE}",
+             f"--data_dir={self.data}", "--bn_stat_batches=1", "--engine=tf", *self.FLAGS],
+            2, lambda i: {"TFTORUS_TEST_MODEL_DIR": shared if i == 0 else scratch,
+                          "TF_CONFIG": json.dumps({"cluster": {"worker": workers},
+                                                   "task": {"type": "worker", "index": i}})},
+            timeout=300)
+        self.assertEqual(result.returncodes, [2, 2], harness.describe(result))
+        self.assertRegex(result.output, r"error: rank 1 sees another run than rank 0: the "
+                                        r"checkpoint to resume from: rank 0 epoch-0*1\.\d+ "
+                                        r"\(epoch 1\.\d+, manifest [0-9a-f]+\), rank 1 none\. "
+                                        r"Every worker must see the same --model_dir")
+        self.assertIn("error: 1 worker(s) see another --model_dir or --data_dir than rank 0",
+                      result.output)
+        self.assertNotIn("resumed at epoch", result.output)
+        self.assertEqual(sorted(os.listdir(os.path.join(shared, "checkpoints"))), before)
+        with open(os.path.join(shared, "history.jsonl")) as f:
+            self.assertEqual(f.read(), history)
+        self.assertFalse(os.path.exists(os.path.join(scratch, "checkpoints")))
+
     def test_stop_and_resume_equals_uninterrupted(self):
         straight = os.path.join(self.tmp, "straight")
         result = self.train(straight, *self.FLAGS, bit_exact=True)

@@ -295,6 +295,20 @@ def _reason(error: tf.errors.OpError) -> str:
 IN_GRAPH_CHECKS = ("Label out of range", "image/encoded is not JPEG data")
 
 
+_files_read: List[str] = []  # every file make_dataset read in this process
+
+
+def _damaged(files: Sequence[str]) -> Optional[str]:
+    """The first of `files` that TensorFlow cannot read to its end (each read whole: only after
+    a failure)."""
+    for f in dict.fromkeys(files):
+        try:
+            count_records(f)
+        except DataError:
+            return f
+    return None
+
+
 @contextlib.contextmanager
 def data_errors_in_words():
     """A record that fails an in-graph check mid-run surfaces from the iterator as TensorFlow's
@@ -302,6 +316,11 @@ def data_errors_in_words():
     wrong, with the stored value and the file."""
     try:
         yield
+    except tf.errors.DataLossError as error:  # a TFRecord damaged past what was validated
+        raise DataError(f"a record file is damaged ({_reason(error)}): "
+                        f"{_damaged(_files_read) or 'one of ' + str(len(_files_read)) + ' files'}"
+                        f"; {REMEDY}, then run again with --resume=auto: it continues from the "
+                        f"last checkpoint") from None
     except tf.errors.InvalidArgumentError as error:
         if not any(check in error.message for check in IN_GRAPH_CHECKS):
             raise
@@ -465,6 +484,7 @@ def make_dataset(data_dir: str, split: str, batch_size: int, *, image_size: int 
     if validate_records > 0:
         _validate(_paths(data_dir, split, num_workers, worker_index), validate_records,
                   num_classes, label_offset)
+    _files_read.extend(_paths(data_dir, split, num_workers, worker_index))
     records = worker_records(data_dir, split, num_workers, worker_index, shuffle=training,
                              seed=seed, deterministic=deterministic)
     if cache:

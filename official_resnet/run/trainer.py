@@ -12,11 +12,13 @@ relaunches it). Rank 0 logs, writes TensorBoard scalars, checkpoints, config.jso
 under --model_dir, and ends with Table 5 and Table 6 style summaries.
 """
 import dataclasses
+import hashlib
+import json
 import logging
 import os
 import sys
 import tempfile
-from typing import Callable, Iterable, List, NamedTuple, Optional, Tuple
+from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Tuple
 
 import tensorflow as tf
 from absl import logging as absl_logging
@@ -204,6 +206,7 @@ def plan_job(spec: RunSpec, workers: Workers, sizes: Optional[dataset_info.DataS
             f"--resume=never but {config.model_dir} holds checkpoints of a run; use another "
             f"--model_dir, or --resume=auto to continue it")
     resume_from = checkpointing.find_resume(config.resume, config.model_dir)
+    agree_with_chief(workers, config, info, resume_from)
     if resume_from:
         checkpointing.check_generation(resume_from[1], resume_from[0])
         checkpointing.check_world(resume_from[1], resume_from[0], plans, workers.size,
@@ -228,6 +231,49 @@ def plan_job(spec: RunSpec, workers: Workers, sizes: Optional[dataset_info.DataS
                                       worker_index=workers.rank, num_classes=info.num_classes,
                                       label_offset=config.label_offset)
     return Job(spec, workers, info, plans, resume_from, stop_at_epoch, relaunch)
+
+
+def what_this_rank_sees(config, info: DataInfo, resume_from) -> Dict[str, str]:
+    """What every worker must see alike to run one job: the data's sizes, its files (names and
+    bytes), and the checkpoint to resume from (name, epoch, its manifest's digest)."""
+    files = []
+    for split in ("train", "validation"):
+        for path in input_pipeline.list_files(config.data_dir, split):
+            files.append(f"{os.path.basename(path)}:{tf.io.gfile.stat(path).length}")
+    resume = "none"
+    if resume_from:
+        path, state = resume_from
+        with open(os.path.join(path, checkpointing.MANIFEST), "rb") as f:
+            digest = hashlib.sha256(f.read()).hexdigest()[:16]
+        resume = f"{os.path.basename(path)} (epoch {state.epoch:.3f}, manifest {digest})"
+    return {"the data's sizes": f"{info.train_examples} train / {info.validation_examples} "
+                                f"validation images",
+            "the data files": f"{len(files)} files, digest "
+                              f"{hashlib.sha256(' '.join(files).encode()).hexdigest()[:16]}",
+            "the checkpoint to resume from": resume}
+
+
+def agree_with_chief(workers: Workers, config, info: DataInfo, resume_from) -> None:
+    """Rank 0 decides what the job resumes from and reads; a worker whose disk shows another
+    run (per-host scratch, a stale NFS view) stops the job, each such worker naming what it
+    sees, before any worker restores or trains (they would resume different epochs, or call
+    different collectives and hang)."""
+    mine = what_this_rank_sees(config, info, resume_from)
+    chief = json.loads(workers.from_chief(json.dumps(mine, sort_keys=True)))
+    differs = [k for k in sorted(mine) if mine[k] != chief.get(k)]
+    apart = workers.count(bool(differs))
+    if not apart:
+        return
+    if differs:
+        raise checkpointing.CheckpointError(
+            f"rank {workers.rank} sees another run than rank 0: "
+            + "; ".join(f"{k}: rank 0 {chief.get(k)}, rank {workers.rank} {mine[k]}"
+                        for k in differs)
+            + f". Every worker must see the same --model_dir ({config.model_dir}) and "
+              f"--data_dir ({config.data_dir}): a shared file system, not per-host copies")
+    raise checkpointing.CheckpointError(
+        f"{apart} worker(s) see another --model_dir or --data_dir than rank 0 (their lines say "
+        f"what differs); nothing was restored or written")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -443,7 +489,6 @@ def train(spec: RunSpec) -> None:
     data = make_data(job)
     model = build_model(config, job.info)
     model.compile(optimizer=build_optimizer(config))
-    world.broadcast_variables(model.variables, root_rank=0)  # all start from rank 0's
     state = new_run_state(job)
     checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer,
                                      samples_seen=state.samples_seen, steps=state.steps)
@@ -456,6 +501,9 @@ def train(spec: RunSpec) -> None:
                                                keep=config.keep_checkpoints)
     if job.resume_from:
         restore(job, model, checkpoint)
+    # all start from rank 0's weights: fresh ones, or what rank 0 restored (after the restore,
+    # so a rank that read its checkpoint otherwise still starts from rank 0's)
+    world.broadcast_variables(model.variables, root_rank=0)
     complete = fit(job, model, state, spec.schedule(), data, writer, saver)
     # The summary once every worker is out of fit: its tail_seconds covers the slowest one.
     workers.barrier()

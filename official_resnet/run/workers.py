@@ -7,6 +7,7 @@ give a sum of their own. `Workers.current()` is the running job's, after `tftoru
 import dataclasses
 from typing import Callable, Optional
 
+import numpy as np
 import tensorflow as tf
 
 from tftorus.runtime import world
@@ -36,3 +37,19 @@ class Workers:
         """Return when every worker has called it (the engine's barrier)."""
         if self.size > 1:
             world.barrier()
+
+    def from_chief(self, text: str) -> str:
+        """Rank 0's `text` on every worker (two sums: its length, then its bytes; the others
+        add zeros). A collective: every worker calls it at the same point."""
+        if self.size == 1:
+            return text
+        data = text.encode() if self.chief else b""
+        length = int(self.sum(tf.constant([len(data)], tf.int64)).numpy()[0])
+        mine = (np.frombuffer(data, np.uint8).astype(np.int32) if self.chief
+                else np.zeros(length, np.int32))
+        return bytes(self.sum(tf.constant(mine)).numpy().astype(np.uint8)).decode()
+
+    def count(self, true: bool) -> int:
+        """How many workers passed True (a collective)."""
+        return int(self.sum(tf.constant([int(bool(true))], tf.int64)).numpy()[0])
+
