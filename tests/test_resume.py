@@ -461,6 +461,30 @@ class CheckpointFilesTest(tf.test.TestCase):
             self.assertEqual(f.read(), before)
         self.assertEqual(os.listdir(os.path.join(self.dir, "checkpoints")), listing)
 
+    def test_another_runs_checkpoint_is_checked_against_its_configuration(self):
+        """Issue 61: --resume=PATH of another run skipped the configuration check."""
+        config = {"exp": "2", "epochs": 3.0, "seed": 0, "grid": "auto"}
+        checkpointing.write_json_atomic(os.path.join(self.dir, "config.json"), config)
+        theirs = self.save(1)
+        here = tempfile.mkdtemp(prefix="tftorus-here-")
+        self.addCleanup(shutil.rmtree, here, ignore_errors=True)
+        may_differ = TrainConfig.may_differ_on_resume()
+        checkpointing.check_resume_path(theirs, here, dict(config), may_differ)  # same: taken
+        with self.assertRaisesRegex(checkpointing.CheckpointError,
+                                    r"--resume=.*epoch-0001.000: --model_dir=.* holds a run "
+                                    r"with a different configuration \(--seed=0 there, 1 now"):
+            checkpointing.check_resume_path(theirs, here, dict(config, seed=1), may_differ)
+        lone = os.path.join(here, "lone-copy")
+        shutil.copytree(theirs, os.path.join(lone, "checkpoints", "epoch-0001.000"))
+        with self.assertRaisesRegex(checkpointing.CheckpointError, "cannot be checked"):
+            checkpointing.check_resume_path(os.path.join(lone, "checkpoints", "epoch-0001.000"),
+                                            here, dict(config), may_differ)
+        for text in ("[1, 2]", "[" * 5000):
+            with open(os.path.join(self.dir, "config.json"), "w") as f:
+                f.write(text)
+            with self.assertRaises(checkpointing.CheckpointError):
+                checkpointing.check_config(self.dir, dict(config), may_differ)
+
 
 class ConfigMismatchScriptTest(tf.test.TestCase):
     """train.py itself: a foreign model_dir fails at start and nothing there changes."""

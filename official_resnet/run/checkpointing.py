@@ -451,8 +451,11 @@ def check_config(model_dir: str, config: Dict, may_differ: Collection[str] = ())
     with open(path) as f:
         try:
             saved = json.load(f)
-        except ValueError as error:
+        except (ValueError, RecursionError) as error:
             raise CheckpointError(f"{path} is not valid JSON ({error}); use another --model_dir")
+    if not isinstance(saved, dict):
+        raise CheckpointError(f"{path} is not a run's configuration (a JSON object); use another "
+                              f"--model_dir")
     differing = sorted(k for k in set(saved) & set(config)
                        if k not in may_differ and saved[k] != config[k])
     if differing:
@@ -461,6 +464,25 @@ def check_config(model_dir: str, config: Dict, may_differ: Collection[str] = ())
             f"--model_dir={model_dir} holds a run with a different configuration ({details}); "
             f"use another --model_dir, or the flags of that run to resume it")
     return True
+
+
+def check_resume_path(path: str, model_dir: str, config: Dict,
+                      may_differ: Collection[str] = ()) -> None:
+    """--resume=PATH outside model_dir's checkpoints/: that run's config.json (beside its
+    checkpoints/) must match this configuration as model_dir's would; one without is refused."""
+    own = os.path.realpath(checkpoints_dir(model_dir))
+    if os.path.dirname(os.path.realpath(path)) == own:
+        return
+    run_dir = os.path.dirname(os.path.dirname(os.path.realpath(path)))
+    if not os.path.isfile(os.path.join(run_dir, "config.json")):
+        raise CheckpointError(
+            f"--resume={path} is not in a run's checkpoints/ beside its config.json, so its "
+            f"configuration cannot be checked; resume it with --model_dir={run_dir} if it is "
+            f"that run's, or copy that run's config.json into {run_dir}")
+    try:
+        check_config(run_dir, config, may_differ)
+    except CheckpointError as error:
+        raise CheckpointError(f"--resume={path}: {error}") from None
 
 
 def check_generation(state: CheckpointState, path: str) -> None:

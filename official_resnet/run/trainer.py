@@ -206,6 +206,10 @@ def plan_job(spec: RunSpec, workers: Workers, sizes: Optional[dataset_info.DataS
             f"--resume=never but {config.model_dir} holds checkpoints of a run; use another "
             f"--model_dir, or --resume=auto to continue it")
     resume_from = checkpointing.find_resume(config.resume, config.model_dir)
+    if resume_from and config.resume != "auto":  # another run's checkpoint: its configuration
+        checkpointing.check_resume_path(resume_from[0], config.model_dir,
+                                        dataclasses.asdict(config),
+                                        type(config).may_differ_on_resume())
     agree_with_chief(workers, config, info, resume_from)
     if resume_from:
         checkpointing.check_generation(resume_from[1], resume_from[0])
