@@ -578,7 +578,9 @@ def launch(args, np_: int, shapes_file: str) -> int:
 
 
 def launcher(args) -> int:
-    os.makedirs(os.path.dirname(os.path.abspath(args.csv)), exist_ok=True)
+    # here, not at the top: the ranks run this file as a script, without the studies package
+    from studies.out_dir import own_dir
+    own_dir(os.path.dirname(os.path.abspath(args.csv)))
     shapes_file = os.path.join(os.path.dirname(os.path.abspath(args.csv)), "resnet50_shapes.json")
     if args.resnet and not os.path.exists(shapes_file):
         with open(shapes_file, "w") as f:

@@ -22,6 +22,7 @@ import sys
 import tempfile
 
 from studies import emulated_step
+from studies.out_dir import own_dir
 
 DEFAULT_OUT = os.path.join(tempfile.gettempdir(), "tftorus_elastic_step")
 HOSTS = "localhost:2,127.0.0.1:2"  # two host names, both this machine: a world of 2 x 2
@@ -52,7 +53,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    os.makedirs(args.out, exist_ok=True)
+    own_dir(args.out)
     runner = os.path.join(os.path.dirname(sys.executable), "horovodrun")
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": "",
            "PYTHONPATH": emulated_step.cluster.REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}

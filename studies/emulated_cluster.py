@@ -49,6 +49,7 @@ import time
 from typing import Dict, List, Optional
 
 from studies import benchmark_allreduce as bench
+from studies.out_dir import own_dir
 
 SKIPPED = 77
 PREFIX = "tft-h"
@@ -637,7 +638,7 @@ def run_cluster(args, hosts: int, rph: int, gbit: float, links: int,
     """Build one emulated cluster, run the benchmark across it, print its table; its CSV rows."""
     size = hosts * rph
     grid = args.grid or f"{hosts}x{rph}"
-    os.makedirs(out, exist_ok=True)
+    own_dir(out)
     csv_path = os.path.join(out, "allreduce.csv")
     if os.path.exists(csv_path):
         os.remove(csv_path)  # one run per CSV: the ratios and plots are of this run

@@ -92,6 +92,7 @@ import time
 from typing import Dict, List, Tuple
 
 from studies import emulated_cluster as cluster
+from studies.out_dir import own_dir
 
 DEFAULT_OUT = os.path.join(tempfile.gettempdir(), "tftorus_step")
 VARIANTS = ("hvd", "default", "replanned", "torus", "ring", "hierarchical")
@@ -719,7 +720,7 @@ def main(argv=None) -> int:
     if reason:
         print(f"emulated step benchmark skipped: {reason}", file=sys.stderr)
         return cluster.SKIPPED
-    os.makedirs(args.out, exist_ok=True)
+    own_dir(args.out)
     csv_path = os.path.join(args.out, "steps.csv")
     if os.path.exists(csv_path):
         os.remove(csv_path)  # the tables are of this run

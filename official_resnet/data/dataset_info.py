@@ -9,6 +9,7 @@ in run_scripts/train.py), shares the count with the other workers and writes the
 import dataclasses
 import json
 import os
+import tempfile
 from typing import Dict, List, Optional
 
 SPLITS = ("train", "validation")
@@ -80,9 +81,12 @@ def count_sizes(data_dir: str) -> DataSizes:
     files = {s: _split_files(data_dir, s) for s in SPLITS}
     sizes = DataSizes(count_records(files["train"]), count_records(files["validation"]), None,
                       "counted")
-    try:
-        tmp = os.path.join(data_dir, CACHE_NAME + f".{os.getpid()}.tmp")
-        with open(tmp, "w") as f:
+    try:  # a name of its own (mkstemp: never a file or symlink someone put there), then renamed
+        fd, tmp = tempfile.mkstemp(prefix=CACHE_NAME + ".", suffix=".tmp", dir=data_dir)
+        mask = os.umask(0o022)
+        os.umask(mask)
+        os.fchmod(fd, 0o666 & ~mask)  # mkstemp's 0600: the mode a plain open gives
+        with os.fdopen(fd, "w") as f:
             json.dump({"train": sizes.train, "validation": sizes.validation,
                        "files": _fingerprint(files)}, f)
         os.replace(tmp, os.path.join(data_dir, CACHE_NAME))

@@ -36,6 +36,7 @@ import json
 import math
 import multiprocessing
 import os
+import tempfile
 import time
 from typing import Dict, List, Optional, Tuple
 
@@ -305,7 +306,12 @@ def _serialize(jpeg: bytes, label: int, spec: EmbeddedSpec, filename: str) -> by
 def _write_shard(path: str, split: str, examples, spec: EmbeddedSpec, first_index: int) -> None:
     import tensorflow as tf
 
-    tmp = path + ".tmp"
+    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp",
+                               dir=os.path.dirname(path))  # never a name someone put there
+    mask = os.umask(0o022)
+    os.umask(mask)
+    os.fchmod(fd, 0o666 & ~mask)  # mkstemp's 0600: the mode a plain open gives
+    os.close(fd)
     with tf.io.TFRecordWriter(tmp) as writer:
         for k, (jpeg, label) in enumerate(examples):
             writer.write(_serialize(jpeg, label, spec, f"{split}_{first_index + k:06d}.JPEG"))
@@ -375,8 +381,11 @@ def generate(data_dir: str, spec: EmbeddedSpec = EmbeddedSpec(), *, processes: O
         "splits": {split: {"files": sorted(files[split]), "records": spec.examples(split)}
                    for split in SPLITS},
     }
-    tmp = os.path.join(data_dir, MANIFEST_NAME + ".tmp")
-    with open(tmp, "w") as f:
+    fd, tmp = tempfile.mkstemp(prefix=MANIFEST_NAME + ".", suffix=".tmp", dir=data_dir)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    os.fchmod(fd, 0o666 & ~mask)  # mkstemp's 0600: the mode a plain open gives
+    with os.fdopen(fd, "w") as f:
         json.dump(manifest, f, indent=2, sort_keys=True)
     os.replace(tmp, os.path.join(data_dir, MANIFEST_NAME))  # written last: marks completion
     return GenerationResult(data_dir, True, time.monotonic() - start, manifest)

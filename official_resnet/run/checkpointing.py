@@ -128,6 +128,9 @@ def write_json_atomic(path: str, obj, indent=2):
     """Write temp + fsync + os.replace: readers see the old file or the new one, never half."""
     folder = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=f"{TMP_PREFIX}{os.path.basename(path)}-", dir=folder)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    os.fchmod(fd, 0o666 & ~mask)  # mkstemp's 0600: the mode a plain open gives
     try:
         with os.fdopen(fd, "w") as f:
             f.write(obj if isinstance(obj, str) else json.dumps(obj, indent=indent,
