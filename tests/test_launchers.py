@@ -486,6 +486,56 @@ class LocalLauncherTest(tf.test.TestCase):
         self.assertIn("[tftorus.run] HOROVOD_HOSTNAME set in the environment: every rank gets "
                       "that value", result.output)
 
+    def test_the_ranks_network_is_their_own(self):
+        """Issue 61: TensorFlow's servers bind every interface; tftorus.run's ranks run in a
+        network of their own (loopback only), so a port they listen on is out of reach from
+        this machine's network, and each rank holds the job's secret. --share-network keeps the
+        machine's network (the port is then reachable, as before)."""
+        worker = harness.worker("listen_like_tf.py")
+        for share in (False, True):
+            with self.subTest(share_network=share):
+                box = {}
+
+                def knock():  # while the ranks wait: try their ports from out here
+                    deadline = time.monotonic() + 60
+                    while "ports" not in box and time.monotonic() < deadline:
+                        time.sleep(0.1)
+                    box["reached"] = []
+                    for port in box.get("ports", []):
+                        try:
+                            socket.create_connection(("127.0.0.1", port), timeout=2).close()
+                            box["reached"].append(port)
+                        except OSError:
+                            pass
+                argv = ["-m", "tftorus.run", "-np", "2", *(["--share-network"] * share), worker]
+                proc = subprocess.Popen([sys.executable, *argv], cwd=harness.ROOT,
+                                        env={**harness._env(), "LISTEN_SECONDS": "6"},
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                        text=True)
+                thread = threading.Thread(target=knock, daemon=True)
+                thread.start()
+                lines = []
+                for line in proc.stdout:
+                    lines.append(line)
+                    found = re.findall(r"LISTENING (\d+)", "".join(lines))
+                    if len(found) == 2 and "ports" not in box:
+                        box["ports"] = [int(p) for p in found]
+                proc.wait(60)
+                thread.join(10)
+                output = "".join(lines)
+                mine = os.readlink("/proc/self/ns/net")
+                nets = set(re.findall(r"NET (\S+)", output))
+                self.assertEqual(len(nets), 1, output)  # both ranks in one network
+                self.assertEqual(re.findall(r"SECRET (\d+)", output), ["64", "64"], output)
+                if share:
+                    self.assertEqual(nets, {mine}, output)
+                    self.assertEqual(len(box["reached"]), 2, output)
+                else:
+                    self.assertNotEqual(nets, {mine}, output)
+                    self.assertEqual(set(re.findall(r"INTERFACES (\S+)", output)), {"lo"})
+                    self.assertEqual(box["reached"], [], output)
+                    self.assertNotIn("SOMEONE CONNECTED", output)
+
     def test_the_launcher_imports_no_tensorflow(self):
         # its ranks do; TensorFlow in the launcher cost each job 2.5-3.8 s of CPU and held a
         # TensorFlow runtime beside the ranks for the whole run

@@ -26,7 +26,7 @@ import sys
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from tftorus.launch import job_secret
+from tftorus.launch import job_secret, private_network
 from tftorus.launch.rank_layout import HOROVOD_VARIABLES, horovod_variables
 
 NAME = "tftorus.run"
@@ -38,7 +38,7 @@ _WITH_VALUE = ("-np", "--np", "-n", "--nproc", "--port", "--grace")
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=f"python -m {NAME}",
-        usage=f"python -m {NAME} -np N [--port BASE] [--grace SECONDS] "
+        usage=f"python -m {NAME} -np N [--port BASE] [--grace SECONDS] [--share-network] "
               f"(script.py | -m module) [args ...]\n       python -m {NAME} --make-secret",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description=(
@@ -53,7 +53,9 @@ def _parser() -> argparse.ArgumentParser:
             "launcher exits with that rank's status (128+N for signal N). Ctrl-C or SIGTERM to\n"
             "the launcher goes to every rank the same way. Every rank gets the job's secret in\n"
             "TFTORUS_JOB_SECRET (a new one unless it or TFTORUS_JOB_SECRET_FILE is set), which\n"
-            "seals tftorus' control traffic; --make-secret prints one for a scheduler's job."),
+            "seals tftorus' control traffic; --make-secret prints one for a scheduler's job.\n"
+            "On Linux the ranks run in a network of their own (loopback only), so nothing\n"
+            "outside reaches TensorFlow's servers; --share-network keeps this machine's."),
         epilog=(
             "One machine only. On a cluster the scheduler starts the processes and tftorus\n"
             "finds them itself: srun (Slurm), mpirun (Open MPI; TFTORUS_RENDEZVOUS across\n"
@@ -66,6 +68,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="rank r is named at 127.0.0.1:BASE+r (TensorFlow's server binds every "
                         "interface at that port; default: free ports chosen by the "
                         "OS)")
+    p.add_argument("--share-network", action="store_true",
+                   help="run the ranks in this machine's network (default: a private one, "
+                        "loopback only, where Linux allows it: TensorFlow's servers listen on "
+                        "every interface, and nothing outside should reach them)")
     p.add_argument("--grace", type=float, default=DEFAULT_GRACE_SECONDS, metavar="SECONDS",
                    help=f"after SIGTERM, seconds before SIGKILL (default "
                         f"{DEFAULT_GRACE_SECONDS:g})")
@@ -280,9 +286,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(job_secret.make())
         return 0
     opts, program = parse(argv)
+    job = Job(opts.grace)
+    if opts.np > 1 and not opts.share_network:
+        why = private_network.enter()
+        if why:
+            job.say(f"the ranks share this machine's network ({why}): TensorFlow's servers "
+                    f"listen on every interface, reachable from other hosts unless a firewall "
+                    f"stops them (docs/guide/security.md)")
     ports = (list(range(opts.port, opts.port + opts.np)) if opts.port is not None
              else free_ports(opts.np))
-    job = Job(opts.grace)
     old = {s: signal.signal(s, job.on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         job.start(program, ports)
