@@ -188,7 +188,7 @@ def from_horovodrun(host: Optional[str], port: Optional[int], timeout: float,
     me = f"[{host}]:{my_port}" if ":" in host else f"{host}:{my_port}"
     seal = job_secret.Seal(job_secret.load())
     store = f"http://{join_address(addr, int(kv_port))}/{_KV_SCOPE}"
-    _kv_put(f"{store}/{rank}", seal.seal(json.dumps({"rank": rank, "address": me}).encode()))
+    _kv_put(f"{store}/{rank}", seal.seal_json({"rank": rank, "address": me}))
     workers, deadline, refused = [], time.monotonic() + rendezvous_timeout, {}
     for r in range(size):
         while True:
@@ -212,7 +212,7 @@ def from_horovodrun(host: Optional[str], port: Optional[int], timeout: float,
 
 def _kv_put(url: str, value: bytes) -> None:
     from urllib.request import Request, urlopen
-    request = Request(url, data=value.hex().encode(), method="PUT")
+    request = Request(url, data=value, method="PUT")
     with urlopen(request, timeout=30):
         pass
 
@@ -234,19 +234,10 @@ def _kv_get(url: str) -> Optional[bytes]:
 
 def _kv_address(seal: job_secret.Seal, value: bytes, rank: int):
     """(rank `rank`'s address from its sealed value, None) or (None, why it was refused)."""
-    try:
-        data = bytes.fromhex(value.decode("ascii"))
-    except ValueError:
-        return None, "not a tftorus value"
-    message, why = seal.check(data)
-    if message is None:
+    found, why = seal.open_json(value)
+    if found is None:
         return None, why
-    try:
-        found = json.loads(message)
-    except Exception:  # whatever the store held
-        return None, "not JSON"
-    if (not isinstance(found, dict) or found.get("rank") != rank
-            or not isinstance(found.get("address"), str)):
+    if found.get("rank") != rank or not isinstance(found.get("address"), str):
         return None, f"not rank {rank}'s address"
     return found["address"], None
 

@@ -5,7 +5,6 @@ under the job's secret (tftorus/launch/job_secret.py): a stranger's registration
 or a connection left idle is dropped, counted and said once, and holds up no rank. Standard
 library only; tftorus/cluster/discovery.py calls it."""
 import ipaddress
-import json
 import selectors
 import socket
 import sys
@@ -49,23 +48,7 @@ def exchange_addresses(rank: int, size: int, mine: str, where: Tuple[str, int],
 
 
 def _line(seal: job_secret.Seal, message: dict) -> bytes:
-    return seal.seal(json.dumps(message).encode()).hex().encode() + b"\n"
-
-
-def _opened(seal: job_secret.Seal, line: bytes):
-    """(the message a line carries, None) or (None, why it was refused)."""
-    try:
-        data = bytes.fromhex(line.decode("ascii").strip())
-    except ValueError:
-        return None, "not a tftorus rendezvous line"
-    message, why = seal.check(data)
-    if message is None:
-        return None, why
-    try:
-        message = json.loads(message)
-    except Exception:  # RecursionError, bad UTF-8: whatever a line holds
-        return None, "not JSON"
-    return (message, None) if isinstance(message, dict) else (None, "not a JSON object")
+    return seal.seal_json(message) + b"\n"
 
 
 def _listen_address(where: Tuple[str, int]):
@@ -193,7 +176,7 @@ class _Server:
             return
         selector.unregister(conn)
         pending.pop(conn)
-        message, why = _opened(self.seal, data)
+        message, why = self.seal.open_json(data)
         if message is None or not self._register(message, conn):
             self.drop(peer, why or "not a registration")
             conn.close()
@@ -271,7 +254,7 @@ def _join_rendezvous(rank, size, mine, where, deadline, timeout, seal) -> Tuple[
     if not answer:
         raise RuntimeError(f"rank {rank}: the rendezvous at {label} closed without an answer "
                            f"(did rank 0 end, or refuse this rank's job secret?)")
-    message, why = _opened(seal, answer)
+    message, why = seal.open_json(answer)
     if message is None:
         raise RuntimeError(f"rank {rank}: the rendezvous at {label} answered with what is not "
                            f"this job's ({why}): another job on that port, or a stranger")
