@@ -187,6 +187,8 @@ def from_horovodrun(host: Optional[str], port: Optional[int], timeout: float,
     my_port = port + local_rank if port is not None else _free_port(host)
     me = f"[{host}]:{my_port}" if ":" in host else f"{host}:{my_port}"
     seal = job_secret.Seal(job_secret.load())
+    if rank == 0 and not seal.authenticated:
+        job_secret.warn_unauthenticated("the address exchange through horovodrun's store")
     store = f"http://{join_address(addr, int(kv_port))}/{_KV_SCOPE}"
     _kv_put(f"{store}/{rank}", seal.seal_json({"rank": rank, "address": me}))
     workers, deadline, refused = [], time.monotonic() + rendezvous_timeout, {}

@@ -41,6 +41,8 @@ def exchange_addresses(rank: int, size: int, mine: str, where: Tuple[str, int],
     if size == 1:
         return (mine,)
     seal = seal or job_secret.Seal(job_secret.load())
+    if rank == 0 and not seal.authenticated:
+        job_secret.warn_unauthenticated("the mpirun rendezvous (TFTORUS_RENDEZVOUS)")
     deadline = time.monotonic() + timeout
     if rank == 0:
         return _Server(size, mine, where, seal).serve(deadline, timeout)

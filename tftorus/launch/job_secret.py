@@ -23,6 +23,7 @@ import json
 import os
 import secrets
 import struct
+import sys
 import threading
 import time
 from typing import Callable, Mapping, Optional
@@ -71,6 +72,19 @@ def load(environ: Mapping[str, str] = os.environ) -> Optional[bytes]:
                          f"of {MIN_KEY_BYTES}+ bytes); `python -m tftorus.run --make-secret` "
                          f"prints one")
     return key
+
+
+_warned = set()
+
+
+def warn_unauthenticated(what: str) -> None:
+    """Say once per process (call it on rank 0) that `what` runs without a job secret."""
+    if what in _warned:
+        return
+    _warned.add(what)
+    print(f"tftorus: no job secret ({ENV}): {what} is unauthenticated, and anyone who "
+          f"reaches this job's hosts can stop or confuse it (docs/guide/security.md)",
+          file=sys.stderr, flush=True)
 
 
 def fingerprint(key: Optional[bytes]) -> int:

@@ -529,9 +529,7 @@ def check_same_secret(rank: int, size: int, key: Optional[bytes], fingerprints: 
             f"with none; rank {rank} with {'none' if key is None else 'one'}): give every rank "
             f"the same {job_secret.ENV} or {job_secret.ENV_FILE} (python -m tftorus.run does)")
     if key is None and rank == 0:
-        print(f"tftorus: no job secret ({job_secret.ENV}): the watchdog's control traffic is "
-              f"unauthenticated, and anyone who reaches this job's hosts can stop it "
-              f"(docs/guide/security.md)", file=sys.stderr, flush=True)
+        job_secret.warn_unauthenticated("the watchdog's control traffic")
 
 
 # ------------------------------------------------------------------------------------------------
