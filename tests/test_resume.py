@@ -91,7 +91,7 @@ class ResumeRunsTest(harness.EmbeddedDataCase, tf.test.TestCase):
                           "TF_CONFIG": json.dumps({"cluster": {"worker": workers},
                                                    "task": {"type": "worker", "index": i}})},
             timeout=300)
-        self.assertEqual(result.returncodes, [2, 2], harness.describe(result))
+        self.assertEqual(list(result.returncodes), [2, 2], harness.describe(result))
         self.assertRegex(result.output, r"error: rank 1 sees another run than rank 0: the "
                                         r"checkpoint to resume from: rank 0 epoch-0*1\.\d+ "
                                         r"\(epoch 1\.\d+, manifest [0-9a-f]+\), rank 1 none\. "

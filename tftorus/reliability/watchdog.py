@@ -39,6 +39,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 from tftorus.launch import job_secret
 
 EXIT_STATUS = 4
+RECEIVE_BUFFER = 1 << 20
 ENV_HOST = "TFTORUS_WATCHDOG_HOST"
 
 
@@ -223,6 +224,10 @@ class Watchdog:
                 sock.bind((_local_address_towards(address), 0))
         self.sock = sock
         self.sock.settimeout(self.interval)
+        try:  # room for heartbeats behind a burst of junk (the kernel caps it at rmem_max)
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER)
+        except OSError:
+            pass
         if rank == 0:
             self.monitor = Monitor(size, heartbeat_timeout, stall_timeout)
             self.peers: Dict[int, tuple] = {}
