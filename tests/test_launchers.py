@@ -634,6 +634,50 @@ class SchedulerEnvironmentTest(tf.test.TestCase):
         for r in range(3):
             self.assertRegex(result.output, rf"(?m)^rank {r} of 3 \(mpirun\) local 0 of 1 ")
 
+    def test_a_stranger_at_the_rendezvous_of_a_real_job(self):
+        """Issue 61: while 3 ranks with the job's secret start, a stranger holds 5 connections
+        open without a word and registers as rank 1 (twice: the old line format and an
+        unsealed one, then with a wrong size). The job starts as undisturbed, and rank 0 says
+        what it dropped."""
+        port = _free_port()
+        secret = job_secret.make()
+        held = []
+
+        def stranger():
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:  # until rank 0 listens
+                try:
+                    held.append(socket.create_connection(("127.0.0.1", port), timeout=1))
+                    break
+                except OSError:
+                    time.sleep(0.05)
+            for _ in range(4):
+                held.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+            for line in (b"tftorus-rendezvous-1 3 1 evil:1\n",
+                         rendezvous._line(job_secret.Seal(None), {
+                             "magic": rendezvous._RDV_MAGIC, "size": 3, "rank": 1,
+                             "address": "evil:1"}),
+                         rendezvous._line(job_secret.Seal(None), {
+                             "magic": rendezvous._RDV_MAGIC, "size": 7, "rank": 2,
+                             "address": "evil:2"})):
+                with socket.create_connection(("127.0.0.1", port), timeout=5) as c:
+                    c.sendall(line)
+        thread = threading.Thread(target=stranger, daemon=True)
+        thread.start()
+        result = run_each([{**{k: str(v) for k, v in mpirun(r, 3, 0, 1).items()},
+                            "TFTORUS_RENDEZVOUS": f"127.0.0.1:{port}",
+                            "TFTORUS_TF_HOST": "127.0.0.1", job_secret.ENV: secret,
+                            "LAUNCH_CHECK_DELAY": "0" if r == 0 else "8"}  # the stranger first
+                           for r in range(3)])
+        thread.join(10)
+        for c in held:
+            c.close()
+        self.assertEqual(result.returncodes, (0, 0, 0), harness.describe(result))
+        _ok_lines(self, result.output, "mpirun")
+        self.assertNotIn("evil", result.output)
+        self.assertRegex(result.output, r"tftorus rendezvous \(rank 0\): \d+ connections? "
+                                        r"dropped in all")
+
 
 if __name__ == "__main__":
     tf.test.main()

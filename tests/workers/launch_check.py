@@ -8,6 +8,7 @@ all-reduce, check it.
                    which R never joins, and wait in it until the launcher ends them (or the
                    collective timeout does).
   --sleep S        no TensorFlow: print "pid P", sleep S seconds (the launcher's signals).
+LAUNCH_CHECK_DELAY=S in a rank's environment: it starts S seconds late.
 """
 import argparse
 import os
@@ -26,6 +27,7 @@ if opts.sleep is not None:
     time.sleep(opts.sleep)
     sys.exit(0)
 
+time.sleep(float(os.environ.get("LAUNCH_CHECK_DELAY", "0")))  # a rank that starts late
 from tftorus.cluster import tf_runtime  # noqa: E402
 
 cluster = tf_runtime.bootstrap()  # before any other TensorFlow call
