@@ -523,6 +523,8 @@ class LocalLauncherTest(tf.test.TestCase):
                 proc.wait(60)
                 thread.join(10)
                 output = "".join(lines)
+                if "the ranks share this machine's network (" in output and not share:
+                    self.skipTest("this machine refuses network namespaces: " + output[:300])
                 mine = os.readlink("/proc/self/ns/net")
                 nets = set(re.findall(r"NET (\S+)", output))
                 self.assertEqual(len(nets), 1, output)  # both ranks in one network
