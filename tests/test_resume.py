@@ -342,6 +342,18 @@ class CheckpointFilesTest(tf.test.TestCase):
             os.waitpid(pid, 0)
         checkpointing.ModelDirLock(self.dir).release()  # the first ended: free again
 
+    def test_a_released_lock_leaves_the_model_dir_as_it_was(self):
+        before = sorted(os.listdir(self.dir))
+        checkpointing.ModelDirLock(self.dir).release()
+        self.assertEqual(sorted(os.listdir(self.dir)), before)  # made by the job: gone again
+        with open(os.path.join(self.dir, ".lock"), "w"):  # a crashed job's, say: kept, emptied
+            pass
+        lock = checkpointing.ModelDirLock(self.dir)
+        with open(lock.path) as f:
+            self.assertIn(f"pid {os.getpid()} on ", f.read())
+        lock.release()
+        self.assertEqual(os.path.getsize(os.path.join(self.dir, ".lock")), 0)
+
     def test_wrong_shaped_manifests_are_refused_not_crashed_on(self):
         good = self.save(1)
         for manifest in ('[]', '{"files": []}', '{"files": {"state.json": 3}}',

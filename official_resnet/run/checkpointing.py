@@ -349,15 +349,33 @@ class CheckpointWriter:
 class ModelDirLock:
     """One job per model_dir: rank 0 holds a POSIX lock on model_dir/.lock (fcntl.lockf, which
     NFSv4 carries across hosts) for the job's life; a second job is refused in one line naming
-    the first."""
+    the first. Released, the file is gone again if this job made it, else emptied: a job that
+    ended, or stopped on bad input, leaves the directory's bytes as they were."""
 
     NAME = ".lock"
 
     def __init__(self, model_dir: str):
-        import fcntl
         os.makedirs(model_dir, exist_ok=True)
+        self.model_dir = model_dir
         self.path = os.path.join(model_dir, self.NAME)
-        self.file = open(self.path, "a+")
+        while True:
+            self.made = not os.path.exists(self.path)
+            self.file = open(self.path, "a+")
+            self._lock_or_refuse()
+            try:  # the file locked is still the one at the path (a job ending unlinks it)
+                if os.path.samestat(os.fstat(self.file.fileno()), os.stat(self.path)):
+                    break
+            except FileNotFoundError:
+                pass
+            self.file.close()
+        self.file.seek(0)
+        self.file.truncate()
+        self.file.write(f"pid {os.getpid()} on {socket.gethostname()} since "
+                        f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        self.file.flush()
+
+    def _lock_or_refuse(self) -> None:
+        import fcntl
         try:
             fcntl.lockf(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as error:
@@ -367,16 +385,22 @@ class ModelDirLock:
             self.file.seek(0)
             holder = self.file.read().strip() or "another process"
             self.file.close()
-            raise CheckpointError(f"{model_dir} is in use by another job ({holder}); give this "
-                                  f"one another --model_dir, or wait for that one to end") from None
-        self.file.seek(0)
-        self.file.truncate()
-        self.file.write(f"pid {os.getpid()} on {socket.gethostname()} since "
-                        f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n")
-        self.file.flush()
+            raise CheckpointError(f"{self.model_dir} is in use by another job ({holder}); give "
+                                  f"this one another --model_dir, or wait for that one to end"
+                                  ) from None
 
     def release(self) -> None:
-        if not self.file.closed:
+        if self.file.closed:
+            return
+        try:  # while still locked: no other job holds the file meanwhile
+            if self.made:
+                os.unlink(self.path)
+            else:
+                self.file.seek(0)
+                self.file.truncate()
+        except OSError:
+            pass  # a lock file left behind holds no work and blocks nothing
+        finally:
             self.file.close()  # closing drops the lock
 
 

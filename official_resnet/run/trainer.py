@@ -486,8 +486,21 @@ def train(spec: RunSpec) -> None:
                                               type(config).may_differ_on_resume())
 
     workers = start_workers(config)
-    # one job per model_dir, for this job's life: a second one is refused before it writes
+    # one job per model_dir, for this job's life: a second one is refused before it writes;
+    # released on bad input too, so the directory's bytes are as they were before this job
     lock = checkpointing.ModelDirLock(config.model_dir) if workers.chief else None
+    try:
+        train_holding_model_dir(spec, workers, sizes, existing_run)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def train_holding_model_dir(spec: RunSpec, workers: Workers,
+                            sizes: Optional[dataset_info.DataSizes],
+                            existing_run: bool) -> None:
+    """The job once its workers are up and rank 0 holds --model_dir."""
+    config = spec.config
     tf.keras.utils.set_random_seed(config.seed)  # same initial weights everywhere; broadcast below
     job = plan_job(spec, workers, sizes)  # the data's sizes and the phase plan, from here on
     data = make_data(job)
@@ -516,8 +529,6 @@ def train(spec: RunSpec) -> None:
         log_end(job, state, complete)
     watchdog.stop()  # this rank finished: its silence from now on is no loss
     tftorus.shutdown()  # every worker is past its last collective before any exits
-    if lock is not None:
-        lock.release()
 
 
 def log_start(job: Job, existing_run: bool, model) -> None:
