@@ -12,7 +12,17 @@ optimizer. The subclass overrides `apply` (which `apply_gradients` and Keras' tr
         -> Keras' own apply: clipping, weight decay, update, iterations += 1
 
 so gradients are reduced after a LossScaleOptimizer's division and before clipping, as Horovod
-users expect. With micro-batches per update (BatchSizeControl, or Horovod's
+users expect.
+
+Mixed precision: Keras 3's LossScaleOptimizer decides on each rank's *local* gradients whether
+to apply the step, and calls our `apply` (the all-reduce) only when they are finite, so a rank
+whose batch overflowed would skip a collective its peers run. Around a tftorus optimizer it
+therefore reduces first (after the scale's division, as always) and decides on the reduced
+gradients, as Horovod does on Keras 2: one rank's inf or NaN reaches every rank's sum, so all
+skip that step and halve the scale alike, with no extra collective. With
+micro-batches per update (whose calls reduce only every k-th time) the ranks agree on the
+verdict instead, by a one-number all-reduce per call. `_agree_under_loss_scale` installs this
+on Keras' class once; other LossScaleOptimizers are untouched. With micro-batches per update (BatchSizeControl, or Horovod's
 backward_passes_per_step) the same `_agg_helper` protocol as Horovod's wrappers
 (tftorus.training.accumulation) accumulates, reduces once per update and applies it, so `iterations`
 counts updates.
@@ -76,6 +86,8 @@ class _ReducesOverTheTorus:
             self.build(variables)
         helper = self._agg_helper
         if helper is None:
+            if getattr(self, _SETTINGS)["reduced"]:  # by the LossScaleOptimizer around us
+                return super().apply(grads, variables)
             return super().apply(self._allreduce_grads(grads, variables), variables)
         reduced = helper.compute_gradients(grads, variables)
         return helper.apply_gradients(
@@ -106,6 +118,74 @@ class _ReducesOverTheTorus:
     @property
     def scale_local_gradients(self) -> bool:
         return getattr(self, _SETTINGS)["scale_local_gradients"]
+
+
+def _apply_under_loss_scale(loss_scale, apply_as_keras_does, grads, trainable_variables):
+    """keras.optimizers.LossScaleOptimizer.apply around a tftorus optimizer (module docstring):
+    every rank takes the same branch of the loss scale's finite-or-not decision."""
+    inner = loss_scale.inner_optimizer
+    if trainable_variables is None:
+        trainable_variables = inner._trainable_variables
+    grads, variables = list(grads), list(trainable_variables)
+    refuse_xla()
+    if not loss_scale.built:  # its scale and our slots, before any branch
+        loss_scale.build(variables)
+    settings = getattr(inner, _SETTINGS)
+    if inner._agg_helper is not None:  # micro-batches: agree on the verdict every call
+        return apply_as_keras_does(loss_scale, grads, variables)
+    # Reduced after the division (a 16-bit wire would overflow on scaled values), then scaled
+    # back for Keras' own division: exact for the power-of-two scales it keeps.
+    scale = loss_scale.dynamic_scale
+    scaled = [g is not None and not loss_scale._overwrite_variable_with_gradient(v)
+              for g, v in zip(grads, variables)]
+    grads = [_times(g, 1.0 / scale) if s else g for g, s in zip(grads, scaled)]
+    grads = inner._allreduce_grads(grads, variables)
+    grads = [_times(g, scale) if s else g for g, s in zip(grads, scaled)]
+    settings["reduced"] = True  # while the branches trace (or run, eagerly)
+    try:
+        return apply_as_keras_does(loss_scale, grads, variables)
+    finally:
+        settings["reduced"] = False
+
+
+def _times(gradient, factor):
+    """A dense or sparse gradient times a scalar."""
+    if isinstance(gradient, tf.IndexedSlices):
+        return tf.IndexedSlices(gradient.values * tf.cast(factor, gradient.values.dtype),
+                                gradient.indices, gradient.dense_shape)
+    return gradient * tf.cast(factor, gradient.dtype)
+
+
+def _agree_under_loss_scale():
+    """Install `_apply_under_loss_scale` on Keras 3's LossScaleOptimizer (once), and an agreed
+    finiteness verdict for a tftorus optimizer that accumulates micro-batches."""
+    cls = tf.keras.optimizers.LossScaleOptimizer
+    if getattr(cls, "_tftorus_agrees", False):
+        return
+    keras_apply, keras_check_finite = cls.apply, cls.check_finite
+
+    def apply(self, grads, trainable_variables=None):
+        if getattr(self.inner_optimizer, _SETTINGS, None) is None:
+            return keras_apply(self, grads, trainable_variables)
+        return _apply_under_loss_scale(self, keras_apply, grads, trainable_variables)
+
+    def check_finite(self, grads):
+        finite = keras_check_finite(self, grads)
+        inner = self.inner_optimizer
+        if getattr(inner, _SETTINGS, None) is None or inner._agg_helper is None:
+            return finite  # not ours, or on gradients already reduced
+        return getattr(inner, _SETTINGS)["all_true"](finite)
+
+    cls.apply, cls.check_finite, cls._tftorus_agrees = apply, check_finite, True
+
+
+def _all_true_fn(engine: Optional[str]):
+    """A bool scalar -> whether it is True on every rank (a one-number all-reduce)."""
+    def all_true(flag):
+        comm = process_state.communicator(engine)
+        least = comm.all_reduce(tf.reshape(tf.cast(flag, tf.int32), [1]), comm.all_ranks(), "min")
+        return tf.equal(least[0], 1)
+    return all_true
 
 
 def DistributedOptimizer(optimizer, name: Optional[str] = None, device_dense: str = "",
@@ -167,7 +247,9 @@ def DistributedOptimizer(optimizer, name: Optional[str] = None, device_dense: st
         gradient_predivide_factor, groups, None, options)
     object.__setattr__(wrapped, _SETTINGS, {  # untracked: not the optimizer's state
         "reduce": reduce, "helper": None, "process_set": WholeWorld(options.engine),
-        "scale_local_gradients": scale_local_gradients})
+        "scale_local_gradients": scale_local_gradients, "reduced": False,
+        "all_true": _all_true_fn(options.engine)})
+    _agree_under_loss_scale()
     if backward_passes_per_step > 1:  # Horovod's helper only then, average or not
         accumulation.backward_passes(wrapped, backward_passes_per_step,
                                      bool(average_aggregated_gradients))
