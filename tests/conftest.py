@@ -147,6 +147,7 @@ LAUNCHES = (
     "tests/test_virtual_accelerator.py::OnTwoWorkersTest",
     "tests/test_simulated_step.py::QuotedStepsTest",
     "tests/test_mixed_precision.py::MixedPrecisionOverflowTest",
+    "tests/test_gpu_per_process.py::GpuCheckScriptTest",
 )
 
 
@@ -166,6 +167,7 @@ CURRENT_STACK = (
     "tests/test_keras3_optimizer.py",
     "tests/test_keras3_callbacks.py",
     "tests/test_mixed_precision.py",
+    "tests/test_gpu_per_process.py",
     "tests/test_facades_without_horovod.py",
     "tests/test_execution_modes.py",
     "tests/test_user_fit.py::LaunchWithoutHorovodTest",
@@ -214,6 +216,7 @@ CURRENT_ONLY = (
     "test_ranks_that_see_different_model_dirs_stop_before_restoring",
     "tests/test_tf_engine.py::TFEngineJobsTest::test_twelve_ranks_task_name_order",
     "tests/test_mixed_precision.py::MixedPrecisionOverflowTest::test_four_ranks",
+    "tests/test_gpu_per_process.py::GpuCheckScriptTest",
     "tests/test_worker_loss.py::WorkerLossTest::test_killed_worker_tf_engine",
     "tests/test_worker_loss.py::WorkerLossTest::test_stopped_worker_tf_engine",
     "tests/test_worker_loss.py::WorkerLossTest::"

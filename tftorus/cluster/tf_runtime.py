@@ -17,6 +17,7 @@ import logging
 import os
 from typing import Dict, Optional
 
+from tftorus.cluster import gpu_per_process
 from tftorus.cluster.discovery import (JOB, LOOPBACK_NAMES, Cluster, discover, launched,
                                        split_address)
 from tftorus.launch import rank_layout  # the launcher's HOROVOD_* variables (stdlib only)
@@ -67,6 +68,8 @@ def bootstrap(host: Optional[str] = None, port: Optional[int] = None,
         return _cluster
     check_not_started()
     cluster = discover(host, port, timeout, rendezvous_timeout)
+    # Horovod's GPU-pinning lines, while TF still lets a process choose (gpu_per_process.py)
+    gpu_per_process.pin(cluster.local_rank, cluster.local_size, cluster.size)
     if cluster.size > 1:
         _start_server(cluster)
     _cluster = cluster
