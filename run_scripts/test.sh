@@ -86,6 +86,32 @@ if [ "${#stacks[@]}" -gt 1 ]; then
   echo "[test] the classic stack's set-up runs in the background (lowest priority) while the current stack is tested"
 fi
 
+# The multi-node launcher's tests start a real OpenSSH server on each emulated host
+# (tests/emulated_hosts.py): Debian's openssh-server, where apt-get exists and we are root or
+# have passwordless sudo. Quiet and never fatal (those tests then skip, saying why); already
+# there: a file test, no apt call. Its service is not started: the tests run their own sshd.
+sshd_for_tests() {
+  [ -x /usr/sbin/sshd ] && return 0
+  command -v apt-get >/dev/null 2>&1 || return 0
+  local sudo=""
+  if [ "$(id -u)" != 0 ]; then
+    sudo -n true 2>/dev/null || return 0
+    sudo="sudo -n"
+  fi
+  local log_file
+  log_file="$(mktemp "${TMPDIR:-/tmp}/tftorus-sshd-apt.XXXXXX")"
+  if $sudo env DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y -qq \
+       --no-install-recommends openssh-server openssh-client >"$log_file" 2>&1 \
+       && [ -x /usr/sbin/sshd ]; then
+    echo "[test] OpenSSH server installed for the multi-node launcher's tests"
+  else
+    echo "[test] OpenSSH server not installed (the multi-node launcher's tests will skip; log: $log_file)"
+  fi
+}
+if [ "${TFTORUS_TEST_TIER:-}" != quick ] && { [ "$tier_run" = 1 ] || [[ " $* " == *test_multi_node* ]]; }; then
+  sshd_for_tests
+fi
+
 status=0
 summary=()
 for stack in "${stacks[@]}"; do

@@ -148,6 +148,7 @@ LAUNCHES = (
     "tests/test_simulated_step.py::QuotedStepsTest",
     "tests/test_mixed_precision.py::MixedPrecisionOverflowTest",
     "tests/test_gpu_per_process.py::GpuCheckScriptTest",
+    "tests/test_multi_node_launcher.py::AcrossHostsTest",
 )
 
 
@@ -168,6 +169,7 @@ CURRENT_STACK = (
     "tests/test_keras3_callbacks.py",
     "tests/test_mixed_precision.py",
     "tests/test_gpu_per_process.py",
+    "tests/test_multi_node_launcher.py",
     "tests/test_facades_without_horovod.py",
     "tests/test_execution_modes.py",
     "tests/test_user_fit.py::LaunchWithoutHorovodTest",
@@ -217,6 +219,7 @@ CURRENT_ONLY = (
     "tests/test_tf_engine.py::TFEngineJobsTest::test_twelve_ranks_task_name_order",
     "tests/test_mixed_precision.py::MixedPrecisionOverflowTest::test_four_ranks",
     "tests/test_gpu_per_process.py::GpuCheckScriptTest",
+    "tests/test_multi_node_launcher.py::AcrossHostsTest",
     "tests/test_worker_loss.py::WorkerLossTest::test_killed_worker_tf_engine",
     "tests/test_worker_loss.py::WorkerLossTest::test_stopped_worker_tf_engine",
     "tests/test_worker_loss.py::WorkerLossTest::"
