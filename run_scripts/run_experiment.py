@@ -12,9 +12,9 @@ the same command again after a failure: it starts at the phase the run stands in
 
 The launcher is the stack's: `horovodrun -np W ...` where Horovod is installed (the classic
 stack; options after `--` are horovodrun's: hosts, --gloo or --mpi, ...), else tftorus' local
-launcher `python -m tftorus.run -np W ...` on this machine (the current stack; options after
-`--` are its --port and --grace). Without Horovod a host list is refused: on a cluster the
-scheduler starts each phase's processes (TF_CONFIG, srun, mpirun: docs/guide/launching.md).
+launcher `python -m tftorus.run -np W ...` (the current stack; options after `--` are its
+--port and --grace, and across hosts -H/--hostfile, -x and --ssh: each phase's ranks fill the
+hosts in order over ssh; docs/guide/launching.md).
 """
 import os
 import shutil
@@ -83,29 +83,24 @@ def hosts_for(hvd_args: List[str], count: int) -> List[str]:
     return ["-H", ",".join(slots), *out]
 
 
-# the local launcher's options that may follow `--` without Horovod (each takes a value)
-LOCAL_OPTIONS = {"--port": int, "--grace": float}
-HOST_OPTIONS = ("-H", "--hosts", "-hostfile", "--hostfile", "--host-discovery-script")
+# `python -m tftorus.run`'s options that may follow `--` without Horovod (each takes a value):
+# a host list starts each phase's ranks over ssh, filling the hosts in order
+LOCAL_OPTIONS = {"--port": int, "--grace": float, "-H": str, "--hosts": str, "--hostfile": str,
+                 "-x": str, "--ssh": str}
 
 
 def local_options(options: List[str]) -> List[str]:
     """The options after `--` as `python -m tftorus.run` takes them, on a stack without
-    Horovod: its --port BASE and --grace SECONDS. A host list, or any other (horovodrun's)
-    option, raises ValueError saying what to do instead."""
-    hosts = [a.partition("=")[0] for a in options if a.partition("=")[0] in HOST_OPTIONS]
-    if hosts:
-        raise ValueError(
-            f"{hosts[0]}: this stack has no Horovod, so each phase runs on this machine under "
-            f"`python -m tftorus.run -np W`, which takes no host list; across hosts, launch "
-            f"run_scripts/train.py per phase with TF_CONFIG, srun or mpirun "
-            f"(docs/guide/launching.md), or use the classic stack's horovodrun")
+    Horovod: --port BASE, --grace SECONDS, and across hosts -H/--hosts, --hostfile, -x and
+    --ssh. Any other (horovodrun's) option raises ValueError saying what to do instead."""
     out, i = [], 0
     while i < len(options):
         name, eq, value = options[i].partition("=")
         if name not in LOCAL_OPTIONS:
             raise ValueError(
                 f"{options[i]}: this stack has no Horovod, so options after `--` go to "
-                f"`python -m tftorus.run`, which takes only --port BASE and --grace SECONDS")
+                f"`python -m tftorus.run`, which takes {', '.join(LOCAL_OPTIONS)} "
+                f"(docs/guide/launching.md)")
         if not eq:
             i += 1
             value = options[i] if i < len(options) else ""
@@ -113,6 +108,8 @@ def local_options(options: List[str]) -> List[str]:
             LOCAL_OPTIONS[name](value)
         except ValueError:
             raise ValueError(f"{name} needs a number, got {value!r}") from None
+        if not value:
+            raise ValueError(f"{name} needs a value")
         out += [name, value]
         i += 1
     return out

@@ -189,10 +189,12 @@ class PerPhaseWorkersTest(harness.EmbeddedDataCase, tf.test.TestCase):
         kept = [(s.phase, s.world_size, s.phase_boundary) for s in states]
         self.assertEqual((kept[0], kept[-1]), ((0, 4, True), (1, 2, True)), kept)
         self.assertTrue(os.path.exists(os.path.join(model_dir, "summary.json")))
-        # run again: nothing left to launch; without Horovod a host list is refused, in one line
+        # run again: nothing left to launch (a host list taken on both stacks); without Horovod
+        # horovodrun's own options are refused, in one line
         argvs = [[LAUNCHER, *self.flags(model_dir), *hosts[:2]]]
         if not harness.HOROVOD:
-            argvs.append([LAUNCHER, *self.flags(model_dir), "--", "-H", "node001:4,node002:4"])
+            argvs[0] += ["--", "-H", "node001:4,node002:4"]
+            argvs.append([LAUNCHER, *self.flags(model_dir), "--", "--gloo"])
         again, *refused = harness.run_many(argvs, timeout=120)
         self.assertEqual(again.returncode, 0, harness.describe(again))
         self.assertIn("every phase done", again.output)
@@ -200,12 +202,10 @@ class PerPhaseWorkersTest(harness.EmbeddedDataCase, tf.test.TestCase):
         for result in refused:
             self.assertEqual(result.returncode, 2, harness.describe(result))
             errors = [l for l in result.output.splitlines() if l.startswith("error:")]
-            self.assertEqual(errors, ["error: -H: this stack has no Horovod, so each phase runs "
-                                      "on this machine under `python -m tftorus.run -np W`, "
-                                      "which takes no host list; across hosts, launch "
-                                      "run_scripts/train.py per phase with TF_CONFIG, srun or "
-                                      "mpirun (docs/guide/launching.md), or use the classic "
-                                      "stack's horovodrun"], result.output)
+            self.assertEqual(errors, ["error: --gloo: this stack has no Horovod, so options "
+                                      "after `--` go to `python -m tftorus.run`, which takes "
+                                      "--port, --grace, -H, --hosts, --hostfile, -x, --ssh "
+                                      "(docs/guide/launching.md)"], result.output)
             self.assertNotIn("workers:\n", result.output)
 
 
