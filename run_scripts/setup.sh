@@ -32,8 +32,7 @@ marker="$venv/.tftorus-stack"  # which stack the virtualenv holds
 
 log() { echo "[setup] $*"; }
 pip_quiet() {
-  "$py" -m pip "$@" 2>&1 | { grep -v -e "is ignored: it is neither a file nor a directory" \
-                                    -e "DEPRECATION: Legacy editable install" || true; }
+  "$py" -m pip "$@" 2>&1 | { grep -v -e "is ignored: it is neither a file nor a directory" || true; }
   return "${PIPESTATUS[0]}"
 }
 
@@ -61,13 +60,13 @@ if [ "$gpu" = auto ]; then
   fi
 fi
 
-# Everything the checkout asks for, hashed, so an edit of setup.py re-runs the install.
-want="$(cat "$repo/setup.py" "$repo/run_scripts/setup.sh" | sha256sum | cut -c1-16)-gpu$gpu"
+# Everything the checkout asks for, hashed, so an edit of pyproject.toml re-runs the install.
+want="$(cat "$repo/pyproject.toml" "$repo/run_scripts/setup.sh" | sha256sum | cut -c1-16)-gpu$gpu"
 
 if [ "$stack" = current ]; then
-  # The current stack: TensorFlow as setup.py's current-cpu / current-gpu extras pin it, then
+  # The current stack: TensorFlow as pyproject.toml's current-cpu / current-gpu extras pin it, then
   # this package, which names no TensorFlow and so keeps that one; no Horovod.
-  tf_version="$(sed -n 's/^CURRENT_TF_VERSION = "\([^"]*\)".*/\1/p' "$repo/setup.py")"
+  tf_version="$(sed -n 's/^current-cpu = \["tensorflow-cpu==\([^"]*\)".*/\1/p' "$repo/pyproject.toml")"
   if [ "$gpu" = 1 ]; then tf_req="tensorflow[and-cuda]==$tf_version"; tf_dist=tensorflow; extra=current-gpu
   else tf_req="tensorflow-cpu==$tf_version"; tf_dist=tensorflow-cpu; extra=current-cpu; fi
   want="$want-current"
@@ -102,7 +101,7 @@ PY
     "$python312" -m venv "$venv"
     echo current > "$marker"
   fi
-  pip_quiet install --quiet --upgrade "pip<25" "setuptools<70" wheel packaging  # as classic's
+  pip_quiet install --quiet --upgrade pip setuptools wheel packaging
   log "installing $tf_req (the current stack: Keras 3, no Horovod)"
   pip_quiet install --quiet "$tf_req"
   log "installing tftorus[$extra,test] (the TensorFlow above, TensorBoard)"
@@ -169,6 +168,8 @@ if [ ! -x "$py" ]; then
   python3 -m venv "$venv"
   echo classic > "$marker"
 fi
+# Horovod 0.28.1 is compiled below without build isolation, with the venv's own setuptools and
+# pip: the versions its build is known to work with here (its setup.py predates setuptools 70).
 pip_quiet install --quiet --upgrade "pip<25" "setuptools<70" wheel packaging
 
 # 1) TensorFlow first: Horovod compiles against the TensorFlow it finds.

@@ -165,7 +165,7 @@ class DocLinksTest(unittest.TestCase):
                              and d != "keras"],
                  "official_resnet": [d for d in os.listdir(os.path.join(ROOT, "official_resnet"))
                                      if os.path.isdir(os.path.join(ROOT, "official_resnet", d))]}
-        files = doc_pages() + [os.path.join(ROOT, "setup.py")]
+        files = doc_pages() + [os.path.join(ROOT, "pyproject.toml")]
         for folder in ("tftorus", "official_resnet", "studies", "run_scripts", "flags", "tests"):
             files += glob.glob(os.path.join(ROOT, folder, "**", "*.py"), recursive=True)
         missing = []

@@ -167,9 +167,9 @@ class WatchdogUnderAttackTest(unittest.TestCase):
 
 class LauncherSecretTest(unittest.TestCase):
     def test_make_secret_prints_a_key_load_takes(self):
-        from tftorus.launch import local
+        from tftorus.launch import command_line
         with mock.patch("sys.stdout") as out:
-            self.assertEqual(local.main(["--make-secret"]), 0)
+            self.assertEqual(command_line.main(["--make-secret"]), 0)
         printed = "".join(c.args[0] for c in out.write.call_args_list).strip()
         self.assertEqual(len(job_secret.load({job_secret.ENV: printed})), job_secret.KEY_BYTES)
 

@@ -27,6 +27,7 @@ import tensorflow as tf
 from tests import harness
 from tftorus.cluster import discovery, rendezvous, tf_runtime
 from tftorus.launch import job_secret
+from tftorus.launch import command_line
 from tftorus.launch import local as launcher
 from tftorus.launch import rank_layout
 
@@ -328,12 +329,13 @@ class RendezvousTest(tf.test.TestCase):
 class LauncherArgumentsTest(tf.test.TestCase):
 
     def test_split(self):
-        opts, program = launcher.parse(["-np", "2", WORKER, "-np", "5", "--port", "1"])
+        opts, program = command_line.parse(["-np", "2", WORKER, "-np", "5", "--port", "1"])
         self.assertEqual((opts.np, opts.port, program), (2, None, [WORKER, "-np", "5", "--port",
                                                                    "1"]))
-        opts, program = launcher.parse(["--np=3", "--grace", "1", "-m", "pkg.mod", "--x", "-m"])
+        opts, program = command_line.parse(["--np=3", "--grace", "1", "-m", "pkg.mod", "--x",
+                                            "-m"])
         self.assertEqual((opts.np, opts.grace, program), (3, 1.0, ["-m", "pkg.mod", "--x", "-m"]))
-        opts, program = launcher.parse(["-np", "2", "--port", "9000", "--", WORKER])
+        opts, program = command_line.parse(["-np", "2", "--port", "9000", "--", WORKER])
         self.assertEqual((opts.port, program), (9000, [WORKER]))
 
     def test_tf_config(self):
@@ -343,7 +345,7 @@ class LauncherArgumentsTest(tf.test.TestCase):
         self.assertEqual(configs[1]["cluster"], {"worker": ["127.0.0.1:5001", "127.0.0.1:5002"]})
 
     def test_bad_arguments(self):
-        cases = [([WORKER], "the following arguments are required: -np"),
+        cases = [([WORKER], "give -np N (the number of ranks), or --nnodes"),
                  (["-np", "2"], "name the script to run"),
                  (["-np", "2", "-m"], "name the script to run"),
                  (["-np", "0", WORKER], "-np must be at least 1"),
@@ -353,7 +355,7 @@ class LauncherArgumentsTest(tf.test.TestCase):
         for argv, message in cases:
             with self.subTest(argv=argv), mock.patch("sys.stderr") as err, \
                     self.assertRaises(SystemExit) as caught:
-                launcher.parse(argv)
+                command_line.parse(argv)
             self.assertEqual(caught.exception.code, 2)
             self.assertIn(message, "".join(c.args[0] for c in err.write.call_args_list))
 

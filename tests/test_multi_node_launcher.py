@@ -19,7 +19,7 @@ import tensorflow as tf
 
 from tests import emulated_hosts, harness
 from tests.workers import user_fit_accumulation as user_fit
-from tftorus.launch import local, over_ssh
+from tftorus.launch import command_line, over_ssh
 
 WORKER = "tests/workers/across_hosts.py"
 RANKS = 4
@@ -74,7 +74,7 @@ class ParsingTest(tf.test.TestCase):
                 (["-np", "2", "-H", "h1", "--hostfile", "f", "x.py"], "not both")):
             with self.subTest(argv=argv):
                 with _stderr() as err, self.assertRaises(SystemExit):
-                    local.parse(argv)
+                    command_line.parse(argv)
                 self.assertRegex(err.getvalue(), says)
 
 

@@ -34,6 +34,11 @@ def _launching_only() -> bool:
     return "-m" in argv and argv[argv.index("-m") + 1:argv.index("-m") + 2] == ["tftorus.run"]
 
 
+from tftorus.runtime import supported as _supported  # noqa: E402  (standard library only)
+
+_supported.check_python()  # before TensorFlow, whose own error would hide why
+del _supported
+
 if _launching_only():
     __version__ = "0.1.0"
     __all__ = []

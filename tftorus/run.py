@@ -10,7 +10,7 @@ import sys
 if not __package__:  # run by path: the package's parent is not on sys.path yet
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tftorus.launch.local import main  # noqa: E402
+from tftorus.launch.command_line import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

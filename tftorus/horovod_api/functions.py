@@ -20,7 +20,7 @@ from tftorus.horovod_api import mpi_ops, process_sets
 
 try:
     import cloudpickle as _pickle
-except ImportError:  # both stacks install it (setup.py); plain pickle moves no lambda
+except ImportError:  # both stacks install it (pyproject.toml); plain pickle moves no lambda
     import pickle as _pickle
 
 global_process_set = process_sets.global_process_set

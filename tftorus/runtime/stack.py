@@ -15,6 +15,10 @@ import os
 
 import tensorflow as tf
 
+from tftorus.runtime import supported
+
+supported.check_tensorflow(tf.__version__)
+
 try:
     import horovod.tensorflow as hvd
 except ImportError:  # the current stack: the tf engine alone

@@ -12,20 +12,20 @@ optimizer. The subclass overrides `apply` (which `apply_gradients` and Keras' tr
         -> Keras' own apply: clipping, weight decay, update, iterations += 1
 
 so gradients are reduced after a LossScaleOptimizer's division and before clipping, as Horovod
-users expect.
+users expect. With micro-batches per update (BatchSizeControl, or Horovod's
+backward_passes_per_step) the same `_agg_helper` protocol as Horovod's wrappers
+(tftorus.training.accumulation) accumulates, reduces once per update and applies it, so
+`iterations` counts updates.
 
 Mixed precision: Keras 3's LossScaleOptimizer decides on each rank's *local* gradients whether
 to apply the step, and calls our `apply` (the all-reduce) only when they are finite, so a rank
 whose batch overflowed would skip a collective its peers run. Around a tftorus optimizer it
 therefore reduces first (after the scale's division, as always) and decides on the reduced
 gradients, as Horovod does on Keras 2: one rank's inf or NaN reaches every rank's sum, so all
-skip that step and halve the scale alike, with no extra collective. With
-micro-batches per update (whose calls reduce only every k-th time) the ranks agree on the
-verdict instead, by a one-number all-reduce per call. `_agree_under_loss_scale` installs this
-on Keras' class once; other LossScaleOptimizers are untouched. With micro-batches per update (BatchSizeControl, or Horovod's
-backward_passes_per_step) the same `_agg_helper` protocol as Horovod's wrappers
-(tftorus.training.accumulation) accumulates, reduces once per update and applies it, so `iterations`
-counts updates.
+skip that step and halve the scale alike, with no extra collective. With micro-batches per
+update (whose calls reduce only every k-th time) the ranks agree on each call's verdict
+instead, by a one-number all-reduce per call. `_agree_under_loss_scale` installs this on Keras'
+class once; other LossScaleOptimizers are untouched.
 
 XLA: Keras 3 compiles the train step with XLA by itself (jit_compile='auto') when a GPU is
 present and no distribution strategy is set. XLA has no lowering for TF's all-to-all and
