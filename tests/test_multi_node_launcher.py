@@ -23,6 +23,8 @@ from tftorus.launch import command_line, over_ssh
 
 WORKER = "tests/workers/across_hosts.py"
 RANKS = 4
+# the links given, so the fits skip init's link probe (tests/test_planner.py tests the probe)
+LINKS = {"TFTORUS_LINKS": "intra=3.4us@50GB/s,inter=9.6us@12.5GB/s,lanes=2"}
 
 
 class ParsingTest(tf.test.TestCase):
@@ -140,13 +142,14 @@ class AcrossHostsTest(tf.test.TestCase):
     def test_fit_from_one_host_over_ssh(self):
         out = tempfile.mkdtemp(prefix="tftorus-hosts-fit-")
         result = self.hosts.run(1, _python("-np", str(RANKS), "-H", "h1:2,h2:2", "--ssh",
-                                           self.hosts.ssh, WORKER, "fit", out), timeout=400)
+                                           self.hosts.ssh, WORKER, "fit", out), timeout=400,
+                                env=LINKS)
         self.assertEqual(result.returncode, 0, harness.describe(result))
         self.check_fit(result.output, out)
 
     def test_fit_with_the_same_command_on_each_node(self):
         out = tempfile.mkdtemp(prefix="tftorus-nodes-fit-")
-        secret = {"TFTORUS_JOB_SECRET": "5e" * 32}
+        secret = {"TFTORUS_JOB_SECRET": "5e" * 32, **LINKS}
         nodes = [self.hosts.start(
             node + 1, _python("--nnodes", "2", "--node-rank", str(node), "--rendezvous",
                               f"{emulated_hosts.address(1)}:29450", "--nproc-per-node", "2",

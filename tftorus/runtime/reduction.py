@@ -282,6 +282,10 @@ class _Trial:
         return lambda: fn(*zeros)
 
 
+# Plain Python, never converted by autograph: the reduction is traced inside tf.functions that
+# autograph converts (Keras' train step, the eager reduction's own), and the planner's search,
+# converted call by call, took 90 s of a 4-rank job's first step across two hosts.
+@tf.autograph.experimental.do_not_convert
 def _plan(options: TorusOptions, comm: Communicator, grid: TorusGrid, wire,
           tensors: Optional[Sequence[tf.Tensor]], trial: _Trial):
     """Buckets, their algorithms and chunk counts: planned from the links where tftorus knows
