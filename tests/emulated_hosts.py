@@ -15,6 +15,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from typing import Dict, List, Optional, Sequence
@@ -191,3 +192,29 @@ class Hosts:
             if int(pid) not in sshd and not cmdline.startswith((SSHD.encode(), b"sshd")):
                 pids.append(int(pid))
         return pids
+
+
+def main(argv: Sequence[str]) -> int:
+    """python -m tests.emulated_hosts N COMMAND...: run COMMAND on h1 of N emulated hosts, the
+    --ssh command that reaches the others in $TFTORUS_TEST_SSH; e.g. the main job over two:
+
+        python -m tests.emulated_hosts 2 sh -c '.venv-current/bin/python -m tftorus.run -np 4 \\
+            -H h1:2,h2:2 --ssh "$TFTORUS_TEST_SSH" run_scripts/train.py --exp=2 --grid=2x2 \\
+            --engine=tf --flagfile=run_scripts/embedded.flags --model_dir=runs/across-hosts'
+    """
+    if len(argv) < 2 or not argv[0].isdigit():
+        print("usage: python -m tests.emulated_hosts N COMMAND...", file=sys.stderr)
+        return 2
+    why = why_not_possible()
+    if why:
+        print(f"emulated hosts: {why}", file=sys.stderr)
+        return 2
+    with Hosts(int(argv[0])) as hosts:
+        proc = hosts.start(1, argv[1:], env={"TFTORUS_TEST_SSH": hosts.ssh})
+        for line in proc.stdout:
+            sys.stdout.write(line)
+        return proc.wait()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
