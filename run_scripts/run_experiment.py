@@ -24,6 +24,11 @@ from typing import List, Tuple
 
 from absl import flags as absl_flags  # noqa: E402
 
+# A script of the checkout: its flags/ package (the absl flags) is not installed with tftorus
+# (pyproject.toml installs tftorus and official_resnet alone), so the checkout goes on the path.
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _REPO not in sys.path:
+    sys.path.insert(0, _REPO)
 from flags.config import define_flags, resolve_run  # noqa: E402
 
 TRAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py")

@@ -30,6 +30,11 @@ if __name__ == "__main__":  # before TensorFlow's threads start, so they inherit
         # which its C++ logging prints as TensorFlow loads, before any flag is parsed.
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+# A script of the checkout: its flags/ package (the absl flags) is not installed with tftorus
+# (pyproject.toml installs tftorus and official_resnet alone), so the checkout goes on the path.
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _REPO not in sys.path:
+    sys.path.insert(0, _REPO)
 import tftorus  # noqa: E402
 from flags.config import define_flags, resolve_run  # noqa: E402
 from official_resnet.data import input_pipeline  # noqa: E402
