@@ -169,15 +169,7 @@ class Hosts:
             env: Optional[Dict[str, str]] = None) -> harness.Result:
         """`command` on host `host`, to its end; its output (stdout and stderr) and status."""
         start = time.monotonic()
-        proc = self.start(host, command, env)
-        try:
-            out, _ = proc.communicate(timeout=timeout)
-            timed_out = False
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, _ = proc.communicate()
-            timed_out = True
-        return harness.Result(proc.returncode, out, time.monotonic() - start, timed_out)
+        return harness.finish(self.start(host, command, env), timeout, start)
 
     def processes(self, host: int) -> List[int]:
         """Every process running on host `host` but its sshd."""

@@ -107,6 +107,12 @@ def run(argv: Sequence[str], np: int = 0, timeout: float = 300.0, env=None) -> R
     environ = {k: v for k, v in {**_env(), **(env or {})}.items() if v is not None}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             cwd=ROOT, env=environ, start_new_session=True)
+    return finish(proc, timeout, start)
+
+
+def finish(proc: subprocess.Popen, timeout: float, start: float) -> Result:
+    """Wait for a process started in its own session (its output piped, as text); past
+    `timeout` seconds kill its whole group. Its Result, timed from `start`."""
     try:
         out, _ = proc.communicate(timeout=timeout)
         timed_out = False
