@@ -55,7 +55,9 @@ HOROVOD_ONLY = {
     "torus_gradient_reduction": "it swaps Horovod's reduction; DistributedOptimizer and "
                                 "gradient_reducer work here",
     "is_homogeneous": "Horovod's launcher tells it every host's rank count; ask the ranks "
-                      "instead: len(set(hvd.allgather_object(hvd.local_size()))) == 1",
+                      "instead: len(set(tftorus.allgather_object(hvd.local_size()))) == 1 "
+                      "(allgather_object is horovod.tensorflow's, so tftorus' too, not "
+                      "tftorus.keras')",
     "check_extension": "it checks that Horovod's compiled extension exists, and this stack "
                        "has none (tftorus compiles nothing)",
     "LocalGradientAggregationHelper": _ACCUMULATION,
