@@ -27,11 +27,13 @@ ROOMS = {
     "horovod_api": {"torus", "launch", "cluster", "engines", "planning", "runtime"},
     "reliability": {"torus", "launch", "cluster", "engines", "planning", "runtime", "training",
                     "horovod_api"},
+    "on_ray": {"torus", "launch", "cluster", "engines", "planning", "runtime", "training",
+               "horovod_api", "reliability"},
 }
 # the public faces: what users import or run (`import tftorus as hvd`, `tftorus.keras`,
 # `tftorus.elastic`, `python -m tftorus.run`); they may import any room
 TOP_FILES = {"__init__.py", "_facade.py", "elastic.py", "run.py"}
-TOP_PACKAGES = {"keras"}
+TOP_PACKAGES = {"keras", "ray"}
 # names the guide shows for the current stack alone (horovod_compatibility.md says so)
 CURRENT_STACK_ONLY = {"tftorus.keras.SyncBatchNormalization"}
 

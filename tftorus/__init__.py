@@ -12,7 +12,7 @@ util and mpi_ops, its helpers), plus `_executing_eagerly`, which Horovod's own t
 on `hvd`; `elastic` is tftorus.elastic: Horovod's elastic API, with the torus re-formed on every
 reset. Where it is not (the current stack: TF >= 2.16, Keras 3), the same names that have a
 meaning on the tf engine come from tftorus.horovod_api.current_stack (`elastic` from
-tftorus.reliability.elastic_fixed_size: Horovod's states over a world of fixed size), and the
+tftorus.reliability.elastic_on_tf_engine: Horovod's states over a world of fixed size), and the
 others raise one line naming the classic stack (tftorus.stack.HorovodRequired).
 `tftorus.world` has rank(), size(), barrier() and broadcast_variables() for either engine.
 The names are defined in tftorus/_facade.py; this file only keeps them out of the local launcher.

@@ -2,7 +2,7 @@
 
 Classic stack (Horovod installed): tftorus/reliability/elastic_on_horovod.py, Horovod's elastic
 training with the torus re-formed on every reset of the world. Current stack (no Horovod):
-tftorus/reliability/elastic_fixed_size.py, Horovod's states and run() over a world that keeps its
+tftorus/reliability/elastic_on_tf_engine.py, Horovod's states and run() over a world that keeps its
 size (a lost worker ends the job, with the last commit kept).
 """
 from tftorus.runtime import stack
@@ -12,7 +12,7 @@ if stack.HOROVOD:
                                                         ObjectState, State, TensorFlowKerasState,
                                                         TensorFlowState, run, run_fn)
 else:
-    from tftorus.reliability.elastic_fixed_size import (HorovodInternalError,  # noqa: F401
+    from tftorus.reliability.elastic_on_tf_engine import (HorovodInternalError,  # noqa: F401
                                                         ObjectState, State, TensorFlowKerasState,
                                                         TensorFlowState, run, run_fn)
 

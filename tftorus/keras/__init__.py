@@ -10,7 +10,7 @@ horovod.tensorflow.keras is Horovod's own, and `elastic` is tftorus.keras.elasti
 elastic Keras API, the torus re-formed on every reset). Where it is not (the current stack:
 Keras 3), the optimizer and load_model are tftorus.training.optimizer_keras3's, the callbacks
 and SyncBatchNormalization tftorus.horovod_api's Keras 3 ones, elastic's states and callbacks
-tftorus.reliability.keras_elastic_fixed_size's (a world of fixed size), the queries and
+tftorus.reliability.keras_elastic_on_tf_engine's (a world of fixed size), the queries and
 collectives tftorus.horovod_api.current_stack's, and Horovod's other names raise one line
 naming the classic stack.
 """

@@ -1,7 +1,7 @@
 """`hvd.elastic` of `import tftorus.keras as hvd`: Horovod's Keras elastic API, on each stack its
 own way: tftorus/reliability/keras_elastic_on_horovod.py on the classic stack (the torus re-formed
 on every
-reset), tftorus/reliability/keras_elastic_fixed_size.py on the current one (a world that keeps
+reset), tftorus/reliability/keras_elastic_on_tf_engine.py on the current one (a world that keeps
 its size)."""
 from tftorus.runtime import stack
 
@@ -11,7 +11,7 @@ if stack.HOROVOD:
                                                               UpdateBatchStateCallback,
                                                               UpdateEpochStateCallback, run)
 else:
-    from tftorus.reliability.keras_elastic_fixed_size import (CommitStateCallback,  # noqa: F401
+    from tftorus.reliability.keras_elastic_on_tf_engine import (CommitStateCallback,  # noqa: F401
                                                               KerasState, TensorFlowKerasState,
                                                               UpdateBatchStateCallback,
                                                               UpdateEpochStateCallback, run)

@@ -1,11 +1,11 @@
 """`hvd.elastic` of `import tftorus.keras as hvd` on the current stack (Keras 3): KerasState and
 Horovod's three Keras callbacks, used as with Horovod (docs/guide/reliability.md#elastic-training),
-over a world that keeps its size (tftorus/reliability/elastic_fixed_size.py says why and what
+over a world that keeps its size (tftorus/reliability/elastic_on_tf_engine.py says why and what
 happens when a worker is lost). Give fit the epochs still to run, `epochs=total - state.epoch`.
 """
 import keras
 
-from tftorus.reliability.elastic_fixed_size import TensorFlowKerasState, run  # noqa: F401
+from tftorus.reliability.elastic_on_tf_engine import TensorFlowKerasState, run  # noqa: F401
 
 
 class KerasState(TensorFlowKerasState):

@@ -1,5 +1,5 @@
 """`hvd.elastic` where Horovod is not installed (the current stack): Horovod's state objects and
-run(), over a world that keeps its size.
+run(), on the tf engine.
 
     state = hvd.elastic.TensorFlowKerasState(model, optimizer, epoch=0, batch=0)
 
@@ -7,20 +7,25 @@ run(), over a world that keeps its size.
     def train(state):
         ...                    # steps; state.commit() every few
 
-    train(state)               # state synced from rank 0 first
+    train(state)               # state synced first
 
 What is Horovod's here: the states commit (save) in memory, restore the last commit, and sync
-from rank 0 (variables by broadcast, the keyword attributes as one pickled object); reset
+(variables by broadcast from rank 0, the keyword attributes as one pickled object); reset
 callbacks can be registered; run() syncs the state, then calls the function.
 
-What differs, and why: Horovod's elastic driver re-forms a smaller or larger world when a worker
-is lost or added. The tf engine cannot: TensorFlow aborts a process' collective executor for good
-when a peer is lost (tftorus/engines/tf_engine.py), so a running process never joins a new
-world. A lost worker therefore ends the job here: run() puts the last commit back into the state
-(the variables too), then raises the engine's CollectiveError, so a handler can save that commit
-before the process exits. Restart the job (on any number of workers) and resume from the saved
-checkpoint; run_scripts/train.py does this with --resume=auto. No host is ever added, so commit()
-has no host updates to check.
+TensorFlow aborts a process' collective executor for good when a peer is lost
+(tftorus/engines/tf_engine.py), so a running process never joins a new world: an elastic world
+here restarts as new processes. Two cases:
+- Under a driver that restarts worlds (tftorus.ray.RayExecutor with min_workers/max_workers),
+  a keeper holds the last commit outside the workers (commit_keeper.py): rank 0 hands it every
+  commit, sync() in a new world takes it (so a new world resumes where the old one committed),
+  the reset callbacks run there, and a commit at which workers can join raises
+  HostsUpdatedInterrupt on every rank, so the driver restarts the world larger from it.
+- Without one (tftorus.run, srun, mpirun, TF_CONFIG) the world keeps its size: a lost worker
+  ends the job. run() puts the last commit back into the state (the variables too), then raises
+  the engine's CollectiveError, so a handler can save that commit before the process exits;
+  restart the job on any number of workers and resume from it (run_scripts/train.py
+  --resume=auto does).
 """
 import copy
 import functools
@@ -31,6 +36,8 @@ import tensorflow as tf
 from tftorus.engines.tf_engine import CollectiveError, translate_errors
 from tftorus.horovod_api.functions import broadcast_object
 from tftorus.horovod_api.mpi_ops import broadcast_variables
+from tftorus.reliability import commit_keeper
+from tftorus.reliability.commit_keeper import HostsUpdatedInterrupt
 from tftorus.runtime import process_state
 
 
@@ -48,7 +55,7 @@ class State:
         self._reset_callbacks: List[Callable] = []
 
     def register_reset_callbacks(self, callbacks) -> None:
-        """Functions run after a reset (kept for Horovod's code; a fixed world never resets)."""
+        """Functions run after a reset: in each restarted world, once the state is synced."""
         self._reset_callbacks.extend(callbacks)
 
     def on_reset(self) -> None:
@@ -57,15 +64,36 @@ class State:
             callback()
 
     def on_hosts_updated(self, timestamp, update_res) -> None:
-        """Horovod's driver calls it; no driver runs here, so no host update ever arrives."""
+        """Horovod's driver calls it; here the keeper's answer to a commit says it instead."""
 
     def commit(self) -> None:
-        """Save the state in memory (Horovod's commit also checks for host updates: none here)."""
+        """Save the state in memory; under a restarting driver, hand it to the keeper too, and
+        stop every rank here (HostsUpdatedInterrupt) when workers can join."""
         self.save()
+        keeper = commit_keeper.current()
+        grow = False
+        if keeper is not None:
+            if self._rank() == 0:
+                grow = keeper.save(self.committed())
+            grow = self._bcast_object(grow)  # every rank stops at the same commit
+        if grow:
+            raise HostsUpdatedInterrupt("workers can join: the world restarts larger from "
+                                        "this commit")
         self.check_host_updates()
 
     def check_host_updates(self) -> None:
-        """No elastic driver sends host updates on this stack: nothing to check."""
+        """Horovod's hook; the keeper's answer in commit() carries the host updates here."""
+
+    def committed(self) -> dict:
+        """The last commit as plain values, for a keeper outside this process."""
+        raise NotImplementedError(
+            f"{type(self).__name__} cannot be kept across worlds: a State subclass of your own "
+            f"needs committed() and load_committed(); ObjectState, TensorFlowState and "
+            f"TensorFlowKerasState have them")
+
+    def load_committed(self, commit: dict) -> None:
+        """Make `commit` (from committed()) the last commit and restore it."""
+        raise NotImplementedError(f"{type(self).__name__} defines no load_committed()")
 
     def save(self) -> None:
         raise NotImplementedError("a State subclass saves its own values")
@@ -101,6 +129,13 @@ class ObjectState(State):
             self._saved_state = self._bcast_object(self._saved_state)
             self._set_attrs()
 
+    def committed(self) -> dict:
+        return {"attributes": dict(self._saved_state)}
+
+    def load_committed(self, commit: dict) -> None:
+        self._saved_state = dict(commit["attributes"])
+        self.restore()
+
     def _set_attrs(self) -> None:
         for name, value in self._saved_state.items():
             setattr(self, name, copy.copy(value))
@@ -130,6 +165,18 @@ class _VariablesState(ObjectState):
             broadcast_variables(variables, root_rank=0)
         self._save_variables()
         super().sync()
+
+    def committed(self) -> dict:
+        return {**super().committed(), "variables": list(self._values)}
+
+    def load_committed(self, commit: dict) -> None:
+        values = commit["variables"]
+        shapes = [tuple(v.shape) for v in self._variables()]
+        if [tuple(v.shape) for v in values] != shapes:
+            raise ValueError(f"the kept commit has {len(values)} variables of other shapes than "
+                             f"this state's {len(shapes)}: build the same model in every world")
+        self._values = list(values)
+        super().load_committed(commit)
 
 
 class TensorFlowState(_VariablesState):
@@ -185,31 +232,50 @@ HorovodInternalError = CollectiveError
 
 
 def run(func):
-    """Decorator, Horovod's `hvd.elastic.run`: sync the state from rank 0, then run
-    `func(state, ...)`. A lost worker (CollectiveError) puts the last commit back into the state
-    and raises CollectiveError: this world cannot be re-formed (module docstring)."""
+    """Decorator, Horovod's `hvd.elastic.run`: sync the state, then run `func(state, ...)`.
+    Under a restarting driver the state comes from the keeper's last commit (and, in a world
+    after the first, the reset callbacks run); otherwise from rank 0. A lost worker
+    (CollectiveError) puts the last commit back into the state and raises (module docstring)."""
     return run_fn(func, reset=None)
 
 
+def _sync(state) -> None:
+    keeper = commit_keeper.current()
+    kept = keeper.load() if keeper is not None else None
+    if kept is None:
+        state.sync()
+        if keeper is not None and state._rank() == 0:
+            keeper.save(state.committed())  # the first world's start is a commit too
+    else:
+        state.load_committed(kept)  # every rank takes the same commit from the keeper
+    if keeper is not None and keeper.resets:
+        state.on_reset()
+
+
 def run_fn(func, reset):
-    """Horovod's run_fn: run() with the reset Horovod would call between worlds, which never
-    comes here (`reset` is kept for Horovod's signature and not called)."""
+    """Horovod's run_fn: run() with the reset Horovod would call between worlds. Worlds here
+    are new processes, so `reset` is kept for Horovod's signature and not called; the state's
+    reset callbacks run in each world after the first."""
     del reset
 
     @functools.wraps(func)
     def wrapper(state, *args, **kwargs):
-        state.sync()
+        _sync(state)
         try:
             with translate_errors():  # a traced step's failed collective, as eager code's
                 return func(state, *args, **kwargs)
         except CollectiveError as e:
             state.restore()
+            if commit_keeper.current() is not None:
+                raise  # the driver restarts the world from the keeper's commit
             raise CollectiveError(
-                f"{e}\nhvd.elastic on this stack cannot re-form the world without the lost "
-                f"worker: the state holds its last commit; save it, restart the job and resume "
-                f"from it") from e
+                f"{e}\nhvd.elastic without a restarting driver cannot re-form the world without "
+                f"the lost worker: the state holds its last commit; save it, restart the job "
+                f"and resume from it (or run under tftorus.ray.RayExecutor with min_workers)"
+            ) from e
 
     return wrapper
 
 
-__all__ = ["run", "State", "ObjectState", "TensorFlowKerasState", "TensorFlowState"]
+__all__ = ["run", "HostsUpdatedInterrupt", "State", "ObjectState", "TensorFlowKerasState",
+           "TensorFlowState"]
