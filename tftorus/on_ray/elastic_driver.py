@@ -33,10 +33,18 @@ def say(message: str) -> None:
     print(f"tftorus.ray: {message}", flush=True)
 
 
-def alive_slots(resources: Resources) -> int:
+#: a node where a worker was lost counts as gone for this long unless Ray says it is dead
+#: sooner (its health checks take a while); if it lives on, its worker alone had died
+SUSPECT_SECONDS = 60.0
+
+
+def alive_slots(resources: Resources, suspects: Optional[dict] = None) -> int:
     """Workers the alive nodes hold, counting their total resources (the cluster is the job's,
-    as Horovod's Ray discovery assumes)."""
-    return sum(resources.slots(n.get("Resources", {})) for n in ray().nodes() if n.get("Alive"))
+    as Horovod's Ray discovery assumes), suspects (node id -> when its worker was lost) aside."""
+    now = time.time()
+    return sum(resources.slots(n.get("Resources", {})) for n in ray().nodes()
+               if n.get("Alive")
+               and now - (suspects or {}).get(n.get("NodeID"), -1e9) > SUSPECT_SECONDS)
 
 
 class ElasticDriver:
@@ -52,11 +60,12 @@ class ElasticDriver:
         self.group: Optional[WorkerGroup] = None
         self.resets = 0
         self.world_sizes: List[int] = []
+        self.suspects = {}  # nodes where a worker was lost
 
     def _world_size(self) -> int:
         deadline = time.time() + self.elastic_timeout
         while True:
-            slots = alive_slots(self.resources)
+            slots = alive_slots(self.resources, self.suspects)
             if slots >= self.min_workers:
                 return min(slots, self.max_workers or slots)
             if time.time() >= deadline:
@@ -128,8 +137,9 @@ class ElasticDriver:
                 try:
                     outcome, value = r.get(f)
                 except r.exceptions.RayActorError as e:
-                    node = self.group.places[rank]["node_id"][:8]
-                    return outcomes.LOST, f"rank {rank} lost (node {node}): {_first_line(e)}"
+                    node = self.group.places[rank]["node_id"]
+                    self.suspects[node] = time.time()
+                    return outcomes.LOST, f"rank {rank} lost (node {node[:8]}): {_first_line(e)}"
                 if outcome == outcomes.DONE:
                     results[rank] = value
                 elif outcome == outcomes.GROW:
@@ -142,8 +152,8 @@ class ElasticDriver:
                     resumed = True
                     say(f"world {self.resets + 1} resumed from the last commit "
                         f"{world['resumed'] - lost_at:.1f} s after the loss")
-            if not results and self.max_workers != size \
-                    and min(alive_slots(self.resources), self.max_workers or 1 << 30) > size:
+            room = min(alive_slots(self.resources, self.suspects), self.max_workers or 1 << 30)
+            if not results and room > size:
                 r.get(self.store.ask_to_grow.remote())  # again each poll, until a commit takes it
                 if not asked:
                     asked = True

@@ -38,11 +38,11 @@ from tftorus.horovod_api.functions import broadcast_object
 from tftorus.horovod_api.mpi_ops import broadcast_variables
 from tftorus.reliability import commit_keeper
 from tftorus.reliability.commit_keeper import HostsUpdatedInterrupt
-from tftorus.runtime import process_state
+from tftorus.runtime import world
 
 
 def _rank() -> int:
-    return process_state.rank()
+    return world.rank()
 
 
 class State:
