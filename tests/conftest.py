@@ -27,6 +27,8 @@ tf.test.TestCase.test_session.__test__ = False
 # node id -> its seconds in a CI run on 2 cores (2026-11-23; the widest worlds in .ci/run on
 # 2026-11-26); the comments say which lighter check of the same kind the default tier keeps
 SLOW = {
+    # a Ray cluster of three nodes, three worlds (the default tier: test_ray.py::ExecutorTest)
+    "tests/test_ray.py::ElasticTest::test_keras_fit_loses_a_node_then_grows": 110,
     # the default tier keeps the lighter sibling named in each comment
     "tests/test_overlap.py::OverlapTest::test_tf_engine": 49,  # test_horovod_engine
     # the launcher's commands and refusals: LauncherCommandTest and the wrong-count test
@@ -107,6 +109,8 @@ SLOW = {
 # test classes (or single tests) that start processes: worlds under horovodrun, TF_CONFIG
 # processes, run_scripts/*.py end to end, or one `python -c`
 LAUNCHES = (
+    "tests/test_ray.py::ExecutorTest",
+    "tests/test_ray.py::ElasticTest",
     "tests/test_elastic.py::ElasticJobTest",
     "tests/test_elastic.py::GlobalSetCollectivesTest",
     "tests/test_allreduce_multiprocess.py::AllreduceMultiprocessTest",
@@ -158,6 +162,7 @@ LAUNCHES = (
 # the tests of a listed class's file outside that class are deselected. The list grows as more
 # of the package works without Horovod.
 CURRENT_STACK = (
+    "tests/test_ray.py",
     "tests/test_doc_links.py",
     "tests/test_grid.py",
     "tests/test_fusion.py",

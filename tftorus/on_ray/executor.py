@@ -52,7 +52,6 @@ class RayExecutor:
                  max_workers: Optional[int] = None, reset_limit: Optional[int] = None,
                  cooldown_range=None, elastic_timeout: float = 600,
                  override_discovery: bool = True):
-        ray()  # the extra is missing: say so now, not at start()
         if max_workers is not None and not (min_workers and min_workers > 0):
             raise ValueError("max_workers needs a positive min_workers: give min_workers too "
                              "(elastic), or num_workers alone (a fixed world)")
@@ -78,6 +77,7 @@ class RayExecutor:
         if reset_limit is not None and reset_limit < 0:
             raise ValueError(f"reset_limit must be >= 0, got {reset_limit}")
         del use_current_placement_group, cooldown_range, override_discovery  # Horovod's knobs
+        ray()  # the extra is missing: say so now, not at start()
         self.settings = settings
         self.settings.elastic = min_workers is not None
         self.resources = Resources(cpus_per_worker, (gpus_per_worker or 1) if use_gpu else 0)
@@ -113,6 +113,7 @@ class RayExecutor:
                                   self.settings.placement_group_timeout_s, self._extra_env,
                                   self.num_hosts)
         if executable_cls is not None:
+            check_picklable(executable_cls, executable_args, executable_kwargs)
             r = ray()
             r.get([a.start_executable.remote(executable_cls, executable_args, executable_kwargs)
                    for a in self._group.actors])
@@ -121,6 +122,7 @@ class RayExecutor:
         """fn(executable) on every rank; the values in rank order."""
         del callbacks  # Horovod's static executor ignores them too
         group = self._started("execute")
+        check_picklable(fn)
         return ray().get([a.execute.remote(fn) for a in group.actors])
 
     def run(self, fn: Callable, args: Optional[list] = None, kwargs: Optional[dict] = None,
@@ -128,6 +130,7 @@ class RayExecutor:
         """fn(*args, **kwargs) on every rank; the values in rank order (elastic: the ranks of
         the world that finished)."""
         del callbacks
+        check_picklable(fn, args, kwargs)
         if self.settings.elastic:
             if self._driver is None:
                 raise RuntimeError("call start() before run()")
@@ -141,6 +144,7 @@ class RayExecutor:
             raise NotImplementedError("an elastic executor's workers end with their world, so "
                                       "it returns no ObjectRefs: call run(fn)")
         group = self._started("run_remote")
+        check_picklable(fn, args, kwargs)
         return [a.run.remote(fn, args, kwargs) for a in group.actors]
 
     def execute_single(self, fn: Callable[[Any], Any]) -> Any:
@@ -148,6 +152,7 @@ class RayExecutor:
         if self.settings.elastic:
             raise NotImplementedError("an elastic executor has no lasting rank 0: call run(fn)")
         group = self._started("execute_single")
+        check_picklable(fn)
         return ray().get(group.actors[0].execute.remote(fn))
 
     def shutdown(self) -> None:
@@ -177,3 +182,18 @@ class RayExecutor:
         if self._group is None:
             raise RuntimeError(f"call start() before {what}()")
         return self._group
+
+
+def check_picklable(*what) -> None:
+    """Ray sends the function and its arguments to the workers by pickling them (cloudpickle):
+    one that cannot be is refused here, in one line, before any worker runs."""
+    import cloudpickle  # Ray's own dependency
+    for item in what:
+        try:
+            cloudpickle.dumps(item)
+        except Exception as e:  # pickling raises TypeError, PicklingError, AttributeError...
+            raise TypeError(
+                f"tftorus.ray: {getattr(item, '__name__', type(item).__name__)} cannot be sent "
+                f"to the workers ({type(e).__name__}: {str(e)[:200]}): it or what it uses "
+                f"(a lock, socket, open file, or a model or session made outside it) does not "
+                f"pickle; build such things inside the function") from None

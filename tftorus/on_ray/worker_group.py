@@ -111,5 +111,5 @@ class WorkerGroup:
 
 
 def _short(resources: dict) -> str:
-    keep = {k: v for k, v in resources.items() if k in ("CPU", "GPU", "memory")}
-    return ", ".join(f"{k} {v:g}" for k, v in sorted(keep.items())) or "nothing"
+    """"CPU 4, GPU 0" of Ray's resource dict (memory aside)."""
+    return ", ".join(f"{k} {resources.get(k, 0):g}" for k in ("CPU", "GPU"))

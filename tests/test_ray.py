@@ -1,0 +1,98 @@
+"""tftorus on Ray (tftorus.ray, docs/guide/ray.md): Horovod's RayExecutor API against NumPy on 2
+and 4 workers, its one-line refusals, and elastic training on a local Ray cluster of a head and
+two worker nodes: a node lost mid-epoch, a node added, the final weights against a float64
+replay. Ray is the current stack's (run_scripts/setup.sh installs tftorus[ray] there)."""
+import importlib.util
+import json
+import re
+import sys
+import unittest
+from unittest import mock
+
+import tensorflow as tf
+
+from tests import harness
+
+RAY = importlib.util.find_spec("ray") is not None
+NO_RAY = "Ray is installed on the current stack (tftorus[ray]); this stack has none"
+
+
+class RefusalsTest(tf.test.TestCase):
+    """What is refused before any worker starts, in one line (no Ray cluster needed)."""
+
+    def test_without_ray_the_extra_is_named(self):
+        from tftorus.ray import RayExecutor
+        with mock.patch.dict(sys.modules, {"ray": None}):
+            with self.assertRaisesRegex(ImportError, r"pip install 'tftorus\[ray\]'") as caught:
+                RayExecutor(RayExecutor.create_settings(), num_workers=2)
+        self.assertNotIn("\n", str(caught.exception))
+
+    def test_bad_sizes(self):
+        from tftorus.ray import RayExecutor
+        settings = RayExecutor.create_settings()
+        for kwargs, words in (
+                ({"min_workers": 3, "max_workers": 2}, "min_workers=3 is more than max_workers=2"),
+                ({"max_workers": 2}, "max_workers needs a positive min_workers"),
+                ({"min_workers": 0}, "min_workers must be >= 1"),
+                ({"num_workers": 2, "min_workers": 2}, "not both"),
+                ({}, "give num_workers"),
+                ({"num_workers": 2, "gpus_per_worker": 1}, "set use_gpu=True"),
+                ({"num_workers": 2, "cpus_per_worker": 0}, "cpus_per_worker must be > 0")):
+            with self.subTest(**kwargs):
+                with self.assertRaisesRegex(ValueError, re.escape(words)):
+                    RayExecutor(settings, **kwargs)
+
+    @unittest.skipUnless(RAY, NO_RAY)
+    def test_a_gpu_per_worker_from_ray(self):
+        """use_gpu asks Ray for the worker's GPUs, so Ray sets each one's CUDA_VISIBLE_DEVICES
+        (tftorus then uses the one it sees: cluster/gpu_per_process.py)."""
+        from tftorus.on_ray.worker_group import Resources
+        from tftorus.ray import RayExecutor
+        settings = RayExecutor.create_settings()
+        self.assertEqual(RayExecutor(settings, num_workers=2, use_gpu=True).resources,
+                         Resources(1, 1))
+        self.assertEqual(RayExecutor(settings, num_workers=2, use_gpu=True, gpus_per_worker=2,
+                                     cpus_per_worker=4).resources.bundle(), {"CPU": 4, "GPU": 2})
+        self.assertEqual(Resources(2, 1).slots({"CPU": 16, "GPU": 4}), 4)
+        self.assertEqual(Resources(2, 0).slots({"CPU": 16}), 8)
+
+
+@unittest.skipUnless(RAY, NO_RAY)
+class ExecutorTest(tf.test.TestCase):
+
+    def test_run_execute_run_remote_execute_single_against_numpy(self):
+        """On 2 and 4 workers (tests/workers/ray_executor_check.py), and its refusals."""
+        result = harness.run([harness.worker("ray_executor_check.py")], timeout=400)
+        self.assertIn("14 checks, 0 failed", result.output, harness.describe(result))
+        self.assertEqual(result.returncode, 0, harness.describe(result))
+
+
+@unittest.skipUnless(RAY, NO_RAY)
+class ElasticTest(tf.test.TestCase):
+
+    def test_keras_fit_loses_a_node_then_grows(self):
+        """min 2 / max 4 workers on two nodes of 2 CPUs (tests/workers/ray_elastic_fit.py): 4
+        workers, a node killed mid-epoch -> 2 go on from the last commit within 60 s, a node
+        added -> 4 again at a commit; the weights are a float64 replay of the committed steps
+        on the sizes they had, equal on every rank."""
+        result = harness.run([harness.worker("ray_elastic_fit.py")], timeout=600)
+        found = re.search(r"^RESULT (.*)$", result.output, re.M)
+        self.assertTrue(found, harness.describe(result))
+        got = json.loads(found.group(1))
+        self.assertEqual(got["world_sizes"], [4, 2, 4], result.output[-3000:])
+        self.assertEqual(got["sizes_seen"], [2, 4])
+        self.assertEqual(got["steps"], 30)  # every committed step once: none lost, none twice
+        self.assertEqual(got["resets"], [4])  # the last world ran its reset callbacks
+        self.assertEqual(got["ranks"], [0, 1, 2, 3])
+        self.assertTrue(got["same_on_every_rank"])
+        self.assertLess(got["max_abs_diff"], 1e-5 * max(1.0, got["scale"]))
+        resumed = re.search(r"resumed from the last commit ([\d.]+) s after the loss",
+                            result.output)
+        self.assertTrue(resumed, result.output[-3000:])
+        self.assertLess(float(resumed.group(1)), 60.0)
+        self.assertIn("the world grows at the next commit", result.output)
+        self.assertEqual(result.returncode, 0, harness.describe(result))
+
+
+if __name__ == "__main__":
+    tf.test.main()
