@@ -29,6 +29,7 @@ tf.test.TestCase.test_session.__test__ = False
 SLOW = {
     # a Ray cluster of three nodes, three worlds (the default tier: test_ray.py::ExecutorTest)
     "tests/test_ray.py::ElasticTest::test_keras_fit_loses_a_node_then_grows": 110,
+    "tests/test_ray.py::ElasticTest::test_ray_train_keras_fit_loses_a_node_then_grows": 180,
     # the default tier keeps the lighter sibling named in each comment
     "tests/test_overlap.py::OverlapTest::test_tf_engine": 49,  # test_horovod_engine
     # the launcher's commands and refusals: LauncherCommandTest and the wrong-count test

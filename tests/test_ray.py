@@ -70,28 +70,39 @@ class ExecutorTest(tf.test.TestCase):
 @unittest.skipUnless(RAY, NO_RAY)
 class ElasticTest(tf.test.TestCase):
 
-    def test_keras_fit_loses_a_node_then_grows(self):
-        """min 2 / max 4 workers on two nodes of 2 CPUs (tests/workers/ray_elastic_fit.py): 4
-        workers, a node killed mid-epoch -> 2 go on from the last commit within 60 s, a node
-        added -> 4 again at a commit; the weights are a float64 replay of the committed steps
-        on the sizes they had, equal on every rank."""
-        result = harness.run([harness.worker("ray_elastic_fit.py")], timeout=600)
+    def check_elastic_fit(self, *argv):
+        result = harness.run([harness.worker("ray_elastic_fit.py"), *argv], timeout=600)
         found = re.search(r"^RESULT (.*)$", result.output, re.M)
         self.assertTrue(found, harness.describe(result))
         got = json.loads(found.group(1))
         self.assertEqual(got["world_sizes"], [4, 2, 4], result.output[-3000:])
         self.assertEqual(got["sizes_seen"], [2, 4])
         self.assertEqual(got["steps"], 30)  # every committed step once: none lost, none twice
+        self.assertTrue(got["positions"])
         self.assertEqual(got["resets"], [4])  # the last world ran its reset callbacks
         self.assertEqual(got["ranks"], [0, 1, 2, 3])
         self.assertTrue(got["same_on_every_rank"])
         self.assertLess(got["max_abs_diff"], 1e-5 * max(1.0, got["scale"]))
-        resumed = re.search(r"resumed from the last commit ([\d.]+) s after the loss",
-                            result.output)
+        resumed = re.search(r"RESUMED AFTER ([\d.]+) s", result.output)
         self.assertTrue(resumed, result.output[-3000:])
         self.assertLess(float(resumed.group(1)), 60.0)
-        self.assertIn("the world grows at the next commit", result.output)
         self.assertEqual(result.returncode, 0, harness.describe(result))
+        return result
+
+    def test_keras_fit_loses_a_node_then_grows(self):
+        """RayExecutor(min_workers=2, max_workers=4) on two nodes of 2 CPUs
+        (tests/workers/ray_elastic_fit.py): 4 workers, a node killed mid-epoch -> 2 go on from
+        the last commit within 60 s, a node added -> 4 again at a commit; the weights are a
+        float64 replay of the committed steps on the sizes they had, equal on every rank."""
+        result = self.check_elastic_fit()
+        self.assertRegex(result.output, r"world 2 resumed from the last commit [\d.]+ s after "
+                                        r"the loss")
+        self.assertIn("the world grows at the next commit", result.output)
+
+    def test_ray_train_keras_fit_loses_a_node_then_grows(self):
+        """The same under Ray Train's TensorflowTrainer, ScalingConfig(num_workers=(2, 4)):
+        hvd.elastic's commits are its checkpoints."""
+        self.check_elastic_fit("--ray-train")
 
 
 if __name__ == "__main__":

@@ -15,6 +15,9 @@ else:
     from tftorus.reliability.elastic_on_tf_engine import (HorovodInternalError,  # noqa: F401
                                                         ObjectState, State, TensorFlowKerasState,
                                                         TensorFlowState, run, run_fn)
+    from tftorus.on_ray import ray_train_keeper
+    from tftorus.reliability import commit_keeper
+    commit_keeper.add_finder(ray_train_keeper.find)  # commits as Ray Train checkpoints there
 
 del stack
 __all__ = ["run", "State", "ObjectState", "TensorFlowKerasState", "TensorFlowState"]

@@ -1,14 +1,19 @@
-"""Driver (current stack): a user's Keras 3 fit under tftorus.ray.RayExecutor with min 2 / max 4
-workers on a local Ray cluster of a head (no CPUs) and two worker nodes of 2 logical CPUs.
+"""Driver (current stack): a user's Keras 3 fit with hvd.elastic on a local Ray cluster of a
+head (no CPUs) and two worker nodes of 2 logical CPUs, 2 to 4 workers, under
+tftorus.ray.RayExecutor(min_workers=2, max_workers=4) or (`--ray-train`) under Ray Train's
+TensorflowTrainer with ScalingConfig(num_workers=(2, 4)).
 
 Mid-epoch one worker node is killed, later a new one is added. The job must go on with the
-survivors from the last commit, grow at a commit once the new node is there, and end with the
-weights of a float64 replay of the committed steps, each on the world size it had (every rank
-takes 4 rows of a step's global batch, so a step's batch is 4 x the world size). Prints one
-line "RESULT {json}" for tests/test_ray.py.
+survivors from the last commit, grow once the new node is there, and end with the weights of a
+float64 replay of the committed steps, each on the world size it had (every rank takes 4 rows
+of a step's global batch, so a step's batch is 4 x the world size). Prints "RESUMED AFTER x s"
+and one line "RESULT {json}" for tests/test_ray.py.
 """
 import json
+import os
+import shutil
 import sys
+import tempfile
 import threading
 import time
 
@@ -16,6 +21,8 @@ import numpy as np
 
 FEATURES, ROWS, BATCHES, EPOCHS, LR = 5, 4, 10, 3, 0.05
 STEP_SECONDS = 0.25  # each step waits, so the node is killed mid-epoch
+WORK = tempfile.mkdtemp(prefix="tftorus_ray_")  # the nodes share this machine's disk
+PROGRESS = os.path.join(WORK, "progress")  # rank 0's "size epoch batch" after each step
 
 
 def data(epoch: int, batch: int, rows: int):
@@ -26,7 +33,7 @@ def data(epoch: int, batch: int, rows: int):
     return x, y[:, None]
 
 
-def train_fn():
+def train_fn(config=None):
     import tftorus.keras as hvd
     hvd.init()
     import keras
@@ -48,6 +55,9 @@ def train_fn():
         def on_train_batch_end(self, batch, logs=None):
             state.steps = state.steps + [(state.epoch, self.start + batch, size)]
             state.batch = self.start + batch + 1
+            if rank == 0:
+                with open(PROGRESS, "a") as f:
+                    f.write(f"{size} {state.epoch} {state.batch} {time.time()}\n")
             time.sleep(STEP_SECONDS)
 
         def on_epoch_end(self, epoch, logs=None):
@@ -68,7 +78,10 @@ def train_fn():
         return {"rank": rank, "size": size, "resets": resets, "steps": state.steps,
                 "weights": [w.tolist() for w in model.get_weights()]}
 
-    return train(state)
+    result = train(state)
+    with open(os.path.join(WORK, f"result.{rank}"), "w") as f:  # Ray Train returns no values
+        json.dump(result, f)
+    return result
 
 
 def replay(steps):
@@ -81,59 +94,109 @@ def replay(steps):
     return w, b
 
 
-def main():
-    import ray
-    from ray.cluster_utils import Cluster
+def progress():
+    """(size, epoch, batch, time) of rank 0's last step, or None."""
+    try:
+        with open(PROGRESS) as f:
+            last = f.read().split("\n")[-2]
+    except (OSError, IndexError):
+        return None
+    size, epoch, batch, when = last.split()
+    return int(size), int(epoch), int(batch), float(when)
+
+
+def run_executor():
     from tftorus.ray import RayExecutor
-    t0 = time.time()
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
-    nodes = [cluster.add_node(num_cpus=2) for _ in range(2)]
-    ray.init(address=cluster.address, include_dashboard=False)
-    print(f"cluster up in {time.time() - t0:.1f} s", flush=True)
     executor = RayExecutor(RayExecutor.create_settings(), min_workers=2, max_workers=4,
                            cpus_per_worker=1)
     executor.start()
-    out = {}
-    runner = threading.Thread(target=lambda: out.update(results=executor.run(train_fn)))
-    runner.start()
-    events = []
+    return (lambda: executor.run(train_fn)), (lambda: executor.world_sizes), executor.shutdown
 
-    def wait_for(what, ok, timeout=240):
-        deadline = time.time() + timeout
-        while time.time() < deadline and runner.is_alive():
-            p = executor.progress()
-            if p and ok(p):
-                return p
-            time.sleep(0.2)
-        sys.exit(f"timed out waiting for {what}")
 
-    p = wait_for("world 1 mid-epoch", lambda p: p["world"]["number"] == 1
-                 and p["attributes"].get("epoch") == 1 and p["attributes"].get("batch", 0) >= 3)
-    cluster.remove_node(nodes[1])
-    events.append(("killed", time.time(), p["attributes"]))
-    print(f"KILLED a worker node at {p['attributes']}", flush=True)
-    p = wait_for("world 2 steps", lambda p: p["world"]["number"] == 2
-                 and p["world"]["resumed"] and p["commits"] >= 0 and
-                 p["attributes"].get("epoch", 0) * BATCHES + p["attributes"].get("batch", 0)
-                 >= 2 * BATCHES - 2)
-    cluster.add_node(num_cpus=2)
-    print(f"ADDED a worker node at {p['attributes']}", flush=True)
-    runner.join(300)
-    results = out.get("results")
-    if not results:
-        sys.exit("the run returned nothing")
-    w, b = replay(results[0]["steps"])
-    got_w, got_b = (np.array(v) for v in results[0]["weights"])
-    print("RESULT " + json.dumps({
-        "world_sizes": executor.world_sizes, "sizes_seen": sorted({s for *_, s in results[0]["steps"]}),
-        "steps": len(results[0]["steps"]), "resets": results[0]["resets"],
-        "ranks": [r["rank"] for r in results],
-        "same_on_every_rank": all(r["weights"] == results[0]["weights"] for r in results),
-        "max_abs_diff": float(max(np.abs(got_w - w).max(), np.abs(got_b - b).max())),
-        "scale": float(np.abs(w).max())}), flush=True)
-    executor.shutdown()
-    ray.shutdown()
-    cluster.shutdown()
+def run_ray_train():
+    import ray.train
+    from ray.train.tensorflow import TensorflowTrainer
+    trainer = TensorflowTrainer(
+        train_fn, scaling_config=ray.train.ScalingConfig(
+            num_workers=(2, 4), resources_per_worker={"CPU": 1},
+            elastic_resize_monitor_interval_s=10),
+        run_config=ray.train.RunConfig(
+            name="elastic_fit", storage_path=os.path.join(WORK, "ray_results"),
+            failure_config=ray.train.FailureConfig(max_failures=3),
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=2)))
+    def sizes():
+        """The world sizes rank 0's steps ran on, in order (Ray Train reports no worlds)."""
+        with open(PROGRESS) as f:
+            seen = [int(line.split()[0]) for line in f if line.strip()]
+        return [n for i, n in enumerate(seen) if i == 0 or seen[i - 1] != n]
+
+    def fit():
+        trainer.fit()
+        return [json.load(open(os.path.join(WORK, f"result.{r}"))) for r in range(4)
+                if os.path.exists(os.path.join(WORK, f"result.{r}"))]
+    return fit, sizes, (lambda: None)
+
+
+def main():
+    # Ray Train: a smaller world after a loss without waiting a minute for the lost node
+    os.environ.setdefault("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "15")
+    import ray
+    from ray.cluster_utils import Cluster
+    via_ray_train = "--ray-train" in sys.argv
+    t0 = time.time()
+    cluster = Cluster(initialize_head=True,
+                      head_node_args={"num_cpus": 0, "include_dashboard": False})
+    nodes = [cluster.add_node(num_cpus=2) for _ in range(2)]
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, log_to_driver=True)
+    print(f"cluster up in {time.time() - t0:.1f} s", flush=True)
+    try:
+        run, world_sizes, stop = run_ray_train() if via_ray_train else run_executor()
+        out = {}
+        runner = threading.Thread(target=lambda: out.update(results=run()))
+        runner.start()
+
+        def wait_for(what, ok, timeout=300):
+            deadline = time.time() + timeout
+            while time.time() < deadline and runner.is_alive():
+                p = progress()
+                if p and ok(*p):
+                    return p
+                time.sleep(0.1)
+            sys.exit(f"timed out waiting for {what}")
+
+        p = wait_for("4 workers mid-epoch 1", lambda n, e, b, t: n == 4 and e == 1 and b >= 3)
+        cluster.remove_node(nodes[1])  # in the main thread: Ray's add_node needs it too
+        lost = time.time()
+        print(f"KILLED a worker node at epoch {p[1]} batch {p[2]}", flush=True)
+        p = wait_for("2 workers", lambda n, e, b, t: n == 2)
+        print(f"RESUMED AFTER {p[3] - lost:.1f} s (the first step of 2 workers, at epoch "
+              f"{p[1]} batch {p[2]})", flush=True)
+        p = wait_for("2 workers, 2 steps later",
+                     lambda n, e, b, t: n == 2 and e * BATCHES + b >= p[1] * BATCHES + p[2] + 2)
+        cluster.add_node(num_cpus=2)
+        print(f"ADDED a worker node at epoch {p[1]} batch {p[2]}", flush=True)
+        runner.join(400)
+        results = out.get("results")
+        if not results:
+            sys.exit("the run returned nothing")
+        first = results[0]
+        w, b = replay(first["steps"])
+        got_w, got_b = (np.array(v) for v in first["weights"])
+        print("RESULT " + json.dumps({
+            "world_sizes": world_sizes(), "sizes_seen": sorted({n for *_, n in first["steps"]}),
+            "last_size": first["size"], "steps": len(first["steps"]),
+            "positions": sorted({(e, b) for e, b, _ in first["steps"]}) == [
+                (e, b) for e in range(EPOCHS) for b in range(BATCHES)],
+            "resets": first["resets"], "ranks": [r["rank"] for r in results],
+            "same_on_every_rank": all(r["weights"] == first["weights"] for r in results),
+            "max_abs_diff": float(max(np.abs(got_w - w).max(), np.abs(got_b - b).max())),
+            "scale": float(np.abs(w).max())}), flush=True)
+        stop()
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+        shutil.rmtree(WORK, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,9 @@ else:
                                                               KerasState, TensorFlowKerasState,
                                                               UpdateBatchStateCallback,
                                                               UpdateEpochStateCallback, run)
+    from tftorus.on_ray import ray_train_keeper
+    from tftorus.reliability import commit_keeper
+    commit_keeper.add_finder(ray_train_keeper.find)  # commits as Ray Train checkpoints there
 
 del stack
 __all__ = ["KerasState", "CommitStateCallback", "UpdateBatchStateCallback",

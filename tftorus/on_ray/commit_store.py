@@ -57,6 +57,8 @@ class RayCommitKeeper:
         import ray
         return ray.get(self._store.load.remote())
 
-    def save(self, commit: dict) -> bool:
+    def save(self, commit: Optional[dict]) -> bool:
+        if commit is None:  # not rank 0: rank 0 hands the commit over
+            return False
         import ray
         return ray.get(self._store.save.remote(commit))

@@ -6,12 +6,15 @@ last commit must outlive every worker of the old world, so it is kept by whoever
 world (the driver), not by a rank: a keeper installed here before the user's function runs.
 
   load()   the last commit (a dict of the state's saved values) or None before the first
-  save(c)  keep this commit, atomically; True when workers can join (the world grows at it)
+  save(c)  called by every rank at each commit, with the commit on rank 0 and None elsewhere:
+           keep it, atomically; True when workers can join (the world grows at it)
   resets   how many worlds came before this one (0: the first; its reset callbacks do not run)
 
-elastic_on_tf_engine.py reads the keeper; without one the world keeps its size (no driver).
+A driver's worker installs its keeper; one that the process' surroundings imply (a Ray Train
+worker) is found by a finder that the public faces register. elastic_on_tf_engine.py uses the
+keeper; without one the world keeps its size (no driver).
 """
-from typing import Optional, Protocol
+from typing import Callable, List, Optional, Protocol
 
 
 class CommitKeeper(Protocol):
@@ -34,6 +37,25 @@ def install(keeper: Optional[CommitKeeper]) -> None:
 
 
 def current() -> Optional[CommitKeeper]:
+    return _keeper
+
+
+_finders: List[Callable[[], Optional[CommitKeeper]]] = []
+
+
+def add_finder(finder: Callable[[], Optional[CommitKeeper]]) -> None:
+    if finder not in _finders:
+        _finders.append(finder)
+
+
+def find() -> Optional[CommitKeeper]:
+    """The installed keeper, else the first a finder gives (then installed), else None."""
+    if _keeper is None:
+        for finder in _finders:
+            keeper = finder()
+            if keeper is not None:
+                install(keeper)
+                break
     return _keeper
 
 

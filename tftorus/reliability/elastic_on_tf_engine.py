@@ -73,8 +73,7 @@ class State:
         keeper = commit_keeper.current()
         grow = False
         if keeper is not None:
-            if self._rank() == 0:
-                grow = keeper.save(self.committed())
+            grow = keeper.save(self.committed() if self._rank() == 0 else None)
             grow = self._bcast_object(grow)  # every rank stops at the same commit
         if grow:
             raise HostsUpdatedInterrupt("workers can join: the world restarts larger from "
@@ -240,12 +239,12 @@ def run(func):
 
 
 def _sync(state) -> None:
-    keeper = commit_keeper.current()
+    keeper = commit_keeper.find()
     kept = keeper.load() if keeper is not None else None
     if kept is None:
         state.sync()
-        if keeper is not None and state._rank() == 0:
-            keeper.save(state.committed())  # the first world's start is a commit too
+        if keeper is not None:  # the first world's start is a commit too
+            keeper.save(state.committed() if state._rank() == 0 else None)
     else:
         state.load_committed(kept)  # every rank takes the same commit from the keeper
     if keeper is not None and keeper.resets:
