@@ -73,7 +73,7 @@ if [ "$stack" = current ]; then
   installed() {  # the stamped install is still there (no TensorFlow import: this is the quick path)
     "$py" - "$tf_dist" "$tf_version" <<'PY' 2>/dev/null
 import importlib.metadata as md, importlib.util, sys
-assert md.version(sys.argv[1]) == sys.argv[2] and md.version("tftorus") and md.version("tensorboard")
+assert md.version(sys.argv[1]) == sys.argv[2] and md.version("tftorus") and md.version("tensorboard") and md.version("ray")
 assert importlib.util.find_spec("horovod") is None
 PY
   }
@@ -104,8 +104,8 @@ PY
   pip_quiet install --quiet --upgrade pip setuptools wheel packaging
   log "installing $tf_req (the current stack: Keras 3, no Horovod)"
   pip_quiet install --quiet "$tf_req"
-  log "installing tftorus[$extra,test] (the TensorFlow above, TensorBoard)"
-  pip_quiet install --quiet -e "$repo[$extra,test]"
+  log "installing tftorus[$extra,ray,test] (the TensorFlow above, TensorBoard, Ray)"
+  pip_quiet install --quiet -e "$repo[$extra,ray,test]"
   # TensorFlow's start-up lines go to stderr, shown only when the check fails
   if ! check="$("$py" - "$tf_version" 2>&1 <<'PY'
 import importlib.util, sys

@@ -40,7 +40,7 @@ def actor_options(resources: Resources, placement_group, bundle_index: int) -> d
     """Ray's options for one rank's actor: its CPUs and GPUs, in its bundle."""
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
     return {"num_cpus": resources.cpus_per_worker, "num_gpus": resources.gpus_per_worker,
-            "max_restarts": 0, "max_concurrency": 2,
+            "max_restarts": 0,
             "scheduling_strategy": PlacementGroupSchedulingStrategy(
                 placement_group, placement_group_bundle_index=bundle_index)}
 

@@ -1,0 +1,64 @@
+"""Driver (current stack): the recipe on the embedded data (run_scripts/train_on_ray.py) on a
+local Ray cluster of a head (no CPUs) and two worker nodes of 2 logical CPUs, min 2 / max 4
+workers; once the first epoch's checkpoint is written a worker node is killed, and the run must
+go on with 2 workers from that checkpoint to the end. Prints "RESULT {json}" with the summary.
+"""
+import json
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(REPO, "run_scripts"))
+import train_on_ray  # noqa: E402
+
+
+def main():
+    import ray
+    from ray.cluster_utils import Cluster
+    model_dir = tempfile.mkdtemp(prefix="tftorus_ray_recipe_")
+    cluster = Cluster(initialize_head=True,
+                      head_node_args={"num_cpus": 0, "include_dashboard": False})
+    nodes = [cluster.add_node(num_cpus=2) for _ in range(2)]
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address)
+    try:
+        args, train_argv = train_on_ray.parse([
+            "--min_workers=2", "--max_workers=4", "--",
+            "--exp=2", "--engine=tf", f"--flagfile={REPO}/run_scripts/embedded.flags",
+            f"--data_dir={REPO}/data/embedded", f"--model_dir={model_dir}",
+            "--max_micro_batch=54"])  # 216 / 4: a world of 2 trains as one of 4 (BN over 54)
+        errors = []
+
+        def go():
+            try:
+                train_on_ray.run(args, train_argv, ray_init=False)
+            except BaseException as e:  # reported below
+                errors.append(repr(e))
+        runner = threading.Thread(target=go)
+        runner.start()
+        first = os.path.join(model_dir, "checkpoints", "epoch-0001.000")
+        while runner.is_alive() and not os.path.isdir(first):
+            time.sleep(0.5)
+        if not runner.is_alive():
+            sys.exit(f"the run ended before its first checkpoint: {errors}")
+        time.sleep(20)  # into the second epoch
+        cluster.remove_node(nodes[1])
+        print("KILLED a worker node in epoch 2", flush=True)
+        runner.join(1800)
+        if errors or runner.is_alive():
+            sys.exit(f"the run failed: {errors or 'still running after 30 min'}")
+        with open(os.path.join(model_dir, "summary.json")) as f:
+            summary = json.load(f)
+        print("RESULT " + json.dumps(summary), flush=True)
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+        shutil.rmtree(model_dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
