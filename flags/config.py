@@ -39,6 +39,8 @@ class TrainConfig:
     batch_schedule: Optional[str]  # 'TOTAL@START,...' replacing the experiment's batches
     # 'fixed', 'paper' or 'W1,W2,...' (official_resnet/plan/batch_plan.py)
     gpus_per_phase: str = _may_differ()
+    # train as this many workers on a world that divides it (None: the world's own size)
+    logical_workers: Optional[int] = _may_differ()
     # --- data ---
     data_dir: str = _may_differ()
     image_size: int
@@ -114,6 +116,11 @@ def define_flags():
     d.DEFINE_string("gpus_per_phase", "fixed", "workers per phase: " + GPUS_PER_PHASE_HELP +
                     ". Phases on other counts than the job's are run by relaunching "
                     "(run_scripts/run_experiment.py)")
+    d.DEFINE_integer("logical_workers", None, "train as this many workers on any world size "
+                     "that divides it: each worker reads the data of logical_workers / world "
+                     "size of them, one micro-batch each (batch norm over each one's batch), "
+                     "and accumulates their gradients; so a smaller world after a loss "
+                     "(run_scripts/train_on_ray.py) trains as the full one")
     d.DEFINE_bool("plan_only", False, "print what the run would do (phases, batches, LR and "
                   "momentum, grid, input per worker, all-reduce time on the paper's cluster) and "
                   "exit, without starting Horovod or reading records")
@@ -224,6 +231,8 @@ def resolve(fv=None) -> TrainConfig:
         (0.0 <= smoothing < 1.0, f"--label_smoothing must be in [0, 1), got {smoothing}"),
         (fv.epochs > 0, f"--epochs must be positive, got {fv.epochs}"),
         (fv.batch_divisor >= 1, f"--batch_divisor must be >= 1, got {fv.batch_divisor}"),
+        (fv.logical_workers is None or fv.logical_workers >= 1,
+         f"--logical_workers must be >= 1, got {fv.logical_workers}"),
         (fv.max_micro_batch is None or fv.max_micro_batch >= 1,
          f"--max_micro_batch must be >= 1, got {fv.max_micro_batch}"),
         (fv.image_size >= 16, f"--image_size must be >= 16, got {fv.image_size}"),
@@ -264,7 +273,8 @@ def resolve(fv=None) -> TrainConfig:
     return TrainConfig(
         exp=key if key in ("1", "2", "3", "4") else "ref", lr_config=lr_config,
         label_smoothing=smoothing, epochs=fv.epochs, batch_divisor=fv.batch_divisor,
-        max_micro_batch=fv.max_micro_batch, batch_schedule=fv.batch_schedule or None,
+        max_micro_batch=fv.max_micro_batch, logical_workers=fv.logical_workers,
+        batch_schedule=fv.batch_schedule or None,
         gpus_per_phase=gpus_per_phase,
         optimizer=fv.optimizer, base_lr=fv.base_lr, warmup_epochs=fv.warmup_epochs,
         data_dir=fv.data_dir, image_size=fv.image_size,

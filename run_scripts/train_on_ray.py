@@ -6,9 +6,12 @@
 Everything after `--` is train.py's. Each world of workers (tftorus.ray.RayExecutor with
 min_workers/max_workers) runs train.py with --resume=auto: when a worker or node is lost, the
 world restarts as the workers the alive nodes hold and continues from the newest checkpoint in
---model_dir, with the batch plan (and torus grid) for its size; so --model_dir must be a
-directory every node sees (a shared file system), and a lost world redoes at most the epoch
-since that checkpoint. Leave --grid out: each world plans its own. Needs Ray
+--model_dir; so --model_dir must be a directory every node sees (a shared file system), and a
+lost world redoes at most the epoch since that checkpoint. Every world trains as one of
+max_workers workers (train.py's --logical_workers, default --max_workers): a smaller one reads
+their data and accumulates their micro-batches, so worlds take the sizes that divide it, and a
+run that lost workers ends where the full world would have. Leave --grid out: each world plans
+the grid for its size. Needs Ray
 (`pip install 'tftorus[ray]'`; the current stack's set-up installs it).
 """
 import argparse
@@ -32,6 +35,15 @@ def one_world(train_argv):
     return "done"
 
 
+def logical_workers(train_argv) -> int:
+    return int(next(a.split("=", 1)[1] for a in train_argv
+                    if a.startswith("--logical_workers=")))
+
+
+def divisors(n: int):
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
 def parse(argv):
     ours, theirs = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv \
         else (argv, [])
@@ -41,7 +53,7 @@ def parse(argv):
                    help="the Ray cluster (auto: the one this node is part of; default: start "
                         "Ray on this machine alone)")
     p.add_argument("--min_workers", type=int, required=True)
-    p.add_argument("--max_workers", type=int, default=None)
+    p.add_argument("--max_workers", type=int, required=True)
     p.add_argument("--cpus_per_worker", type=float, default=1)
     p.add_argument("--use_gpu", action="store_true", help="a GPU per worker, from Ray")
     p.add_argument("--elastic_timeout", type=float, default=600,
@@ -54,6 +66,11 @@ def parse(argv):
                 "checkpoint): leave it out")
     if any(a == "--grid" or a.startswith("--grid=") for a in theirs):
         p.error("leave --grid out: each world plans the grid for its own size")
+    if "--logical_workers" in theirs:  # the "--flag value" form, as one "--flag=value"
+        i = theirs.index("--logical_workers")
+        theirs[i:i + 2] = [f"--logical_workers={theirs[i + 1]}"]
+    if not any(a.startswith("--logical_workers") for a in theirs):
+        theirs = [*theirs, f"--logical_workers={args.max_workers}"]
     if not any(a.startswith("--model_dir") for a in theirs):
         p.error("give train.py a --model_dir that every node sees (after --): the worlds "
                 "continue from its checkpoints")
@@ -70,7 +87,8 @@ def run(args, train_argv, ray_init=True) -> None:
     executor = RayExecutor(RayExecutor.create_settings(), min_workers=args.min_workers,
                            max_workers=args.max_workers, cpus_per_worker=args.cpus_per_worker,
                            use_gpu=args.use_gpu, reset_limit=args.reset_limit,
-                           elastic_timeout=args.elastic_timeout)
+                           elastic_timeout=args.elastic_timeout,
+                           world_sizes=divisors(logical_workers(train_argv)))
     # one_world goes to the workers by value: run_scripts/ is no package they could import
     ray.cloudpickle.register_pickle_by_value(sys.modules[one_world.__module__])
     executor.start(extra_env_vars={"TF_CPP_MIN_LOG_LEVEL": "2"})

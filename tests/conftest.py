@@ -30,6 +30,7 @@ SLOW = {
     # a Ray cluster of three nodes, three worlds (the default tier: test_ray.py::ExecutorTest)
     "tests/test_ray.py::ElasticTest::test_keras_fit_loses_a_node_then_grows": 110,
     "tests/test_ray.py::ElasticTest::test_ray_train_keras_fit_loses_a_node_then_grows": 180,
+    "tests/test_ray.py::RecipeOnRayTest::test_a_lost_node_mid_run": 290,
     # the default tier keeps the lighter sibling named in each comment
     "tests/test_overlap.py::OverlapTest::test_tf_engine": 49,  # test_horovod_engine
     # the launcher's commands and refusals: LauncherCommandTest and the wrong-count test
@@ -112,6 +113,7 @@ SLOW = {
 LAUNCHES = (
     "tests/test_ray.py::ExecutorTest",
     "tests/test_ray.py::ElasticTest",
+    "tests/test_ray.py::RecipeOnRayTest",
     "tests/test_elastic.py::ElasticJobTest",
     "tests/test_elastic.py::GlobalSetCollectivesTest",
     "tests/test_allreduce_multiprocess.py::AllreduceMultiprocessTest",

@@ -83,6 +83,24 @@ class PlanTest(tf.test.TestCase):
             self.assertEqual(p.accumulation * p.micro_batch, p.per_worker_batch)
             self.assertLessEqual(p.micro_batch, 64)
 
+    def test_logical_workers(self):
+        """A world standing in for --logical_workers: one micro-batch per logical worker, so 1,
+        2 or 4 workers as 4 take micro-batches of 216 / 4 = 54; a world that does not divide
+        the logical workers, or a cap that does not divide their batch, is refused."""
+        exp = get_experiment("2")
+        for world, accumulation in ((4, 1), (2, 2), (1, 4)):
+            plans = batch_plan.plan_phases(exp, world_size=world, dataset_size=10000,
+                                           batch_divisor=256, logical_workers=4)
+            self.assertEqual({(p.accumulation, p.micro_batch) for p in plans},
+                             {(accumulation, 54)}, world)
+        with self.assertRaisesRegex(batch_plan.PlanError, "3 workers cannot stand in for "
+                                                          "--logical_workers=4"):
+            batch_plan.plan_phases(exp, world_size=3, dataset_size=10000, batch_divisor=256,
+                                   logical_workers=4)
+        with self.assertRaisesRegex(batch_plan.PlanError, "a divisor of 54"):
+            batch_plan.plan_phases(exp, world_size=2, dataset_size=10000, batch_divisor=256,
+                                   logical_workers=4, max_micro_batch=20)
+
     def test_bad_worlds_and_sizes(self):
         exp = get_experiment("2")
         with self.assertRaisesRegex(batch_plan.PlanError, "does not split over 5 workers"):

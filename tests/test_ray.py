@@ -105,5 +105,23 @@ class ElasticTest(tf.test.TestCase):
         self.check_elastic_fit("--ray-train")
 
 
+@unittest.skipUnless(RAY, NO_RAY)
+class RecipeOnRayTest(tf.test.TestCase):
+
+    def test_a_lost_node_mid_run(self):
+        """run_scripts/train_on_ray.py on the embedded data, 2-4 workers, a worker node killed
+        in epoch 2 (tests/workers/ray_recipe.py): 2 workers go on from the epoch-1 checkpoint,
+        training as 4 (--logical_workers), and end inside the main job's top-1 band."""
+        result = harness.run([harness.worker("ray_recipe.py")], timeout=1500)
+        found = re.search(r"^RESULT (.*)$", result.output, re.M)
+        self.assertTrue(found, harness.describe(result))
+        summary = json.loads(found.group(1))
+        self.assertIn("world 2: 2 workers", result.output)
+        self.assertRegex(result.output, r"restored \S*epoch-0001\.000")
+        self.assertEqual((summary["workers"], summary["epochs"]), (2, 3.0))
+        self.assertBetween(summary["top1_1crop"], 48.70, 49.40)
+        self.assertEqual(result.returncode, 0, harness.describe(result))
+
+
 if __name__ == "__main__":
     tf.test.main()

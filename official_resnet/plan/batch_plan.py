@@ -93,9 +93,12 @@ def divided_totals(experiment: Experiment, batch_divisor: int) -> List[int]:
 def plan_phases(experiment: Experiment, *, world_size: Optional[int] = None, dataset_size: int,
                 epochs: float = PAPER_EPOCHS, batch_divisor: int = 1,
                 max_micro_batch: Optional[int] = None,
-                workers: Optional[Sequence[int]] = None) -> List[PhasePlan]:
+                workers: Optional[Sequence[int]] = None,
+                logical_workers: Optional[int] = None) -> List[PhasePlan]:
     """Per-phase batches, every phase on `world_size` workers or phase i on `workers[i]`;
-    raises PlanError naming the fix."""
+    raises PlanError naming the fix. logical_workers: each worker stands in for
+    logical_workers / its world size of them, one micro-batch each (so the micro-batch is a
+    logical worker's batch, or a divisor of it under max_micro_batch)."""
     if workers is None:
         workers = (world_size or 0,) * len(experiment.phases)
     if len(workers) != len(experiment.phases):
@@ -125,17 +128,32 @@ def plan_phases(experiment: Experiment, *, world_size: Optional[int] = None, dat
                    f"count with --gpus_per_phase=paper" if fixed else
                    f"Give phase {i + 1} a number of workers that divides {total}"))
         per_worker = total // world_size
-        fewest = 1 if max_micro_batch is None else -(-per_worker // max_micro_batch)
+        cap = max_micro_batch
+        if logical_workers is not None:
+            if logical_workers % world_size or total % logical_workers:
+                raise PlanError(
+                    f"{experiment.name}: {world_size} workers cannot stand in for "
+                    f"--logical_workers={logical_workers} at the total batch {total}: the "
+                    f"logical workers must be a multiple of the world size and divide the "
+                    f"total batch")
+            cap = min(cap or total, total // logical_workers)
+        fewest = 1 if cap is None else -(-per_worker // cap)
         accumulation = fewest
         while per_worker % accumulation:  # smallest accumulation giving equal micro-batches
             accumulation += 1
-        if accumulation > fewest and 2 * (per_worker // accumulation) <= max_micro_batch:
+        if logical_workers is not None and (total // logical_workers) % (per_worker //
+                                                                          accumulation):
+            raise PlanError(
+                f"{experiment.name}: a logical worker's batch {total // logical_workers} does "
+                f"not split into micro-batches of {per_worker // accumulation}: set "
+                f"--max_micro_batch to a divisor of {total // logical_workers}")
+        if accumulation > fewest and 2 * (per_worker // accumulation) <= (cap or per_worker):
             # e.g. 17 per worker under a cap of 16: only 17 micro-batches of 1 are equal
             fits = [d for d in range(1, per_worker + 1) if per_worker % d == 0]
             raise PlanError(
                 f"{experiment.name}: the per-worker batch {per_worker} of epochs "
                 f"{phase.start + 1}-{phase.end} splits into equal micro-batches of at most "
-                f"{max_micro_batch} only as {accumulation} x {per_worker // accumulation}, far "
+                f"{cap} only as {accumulation} x {per_worker // accumulation}, far "
                 f"below the cap; set --max_micro_batch to one of {fits} (a micro-batch size "
                 f"that divides {per_worker}), or run with a number of workers that gives a "
                 f"per-worker batch with more divisors")

@@ -69,7 +69,8 @@ class RunSpec:
         return batch_plan.plan_phases(self.experiment, dataset_size=dataset_size,
                                       epochs=c.epochs, batch_divisor=c.batch_divisor,
                                       max_micro_batch=c.max_micro_batch,
-                                      workers=self.workers(world_size))
+                                      workers=self.workers(world_size),
+                                      logical_workers=c.logical_workers)
 
     def schedule(self) -> Schedule:
         """The LR and momentum schedule. The LR is the paper's times lr_scale (1/D for batches

@@ -72,6 +72,9 @@ class CheckpointState:
     bn_stat_batches: int = 0
     elapsed: float = 0.0  # training seconds so far (the run's clock)
     nonfinite_skips_in_a_row: int = 0  # skipped updates just before this epoch's end
+    # the workers it trained as (--logical_workers; absent or None: its world size): a world
+    # that divides the same number reads the same input and may resume anywhere
+    logical_workers: Optional[int] = None
     # Keras' generation that wrote it (official_resnet.model.keras_generation: 2 on the classic
     # stack, 3 on the current one); absent: 2, which wrote every checkpoint before Keras 3 trained
     keras: int = 2
@@ -527,10 +530,13 @@ def check_generation(state: CheckpointState, path: str) -> None:
 
 
 def check_world(state: CheckpointState, path: str, plans, world_size: int,
-                model_dir: str) -> None:
-    """A new world size is fine only at a phase boundary (the batch plan re-derives per-worker
-    batch and accumulation from it); inside a phase the input position would not carry over."""
-    if state.world_size != world_size and not state.phase_boundary:
+                model_dir: str, logical_workers: Optional[int] = None) -> None:
+    """A new world size is fine at a phase boundary (the batch plan re-derives per-worker
+    batch and accumulation from it), and anywhere when both worlds train as the same logical
+    workers (each reads their input, so the position carries over); otherwise, inside a phase,
+    the input position would not carry over."""
+    same_logical = logical_workers is not None and state.logical_workers == logical_workers
+    if state.world_size != world_size and not state.phase_boundary and not same_logical:
         boundary = None
         for p, s in reversed([c for c in ((c, _state_or_none(c)) for c in
                                           list_checkpoints(model_dir)) if c[1]]):

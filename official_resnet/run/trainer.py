@@ -214,7 +214,7 @@ def plan_job(spec: RunSpec, workers: Workers, sizes: Optional[dataset_info.DataS
     if resume_from:
         checkpointing.check_generation(resume_from[1], resume_from[0])
         checkpointing.check_world(resume_from[1], resume_from[0], plans, workers.size,
-                                  config.model_dir)
+                                  config.model_dir, config.logical_workers)
     # Phases on another world size (--gpus_per_phase) are run by a relaunch: this job runs the
     # phases on its own size from where the run stands, and stops at the boundary after them.
     first = checkpointing.phase_to_run(resume_from[1] if resume_from else None)
@@ -294,26 +294,48 @@ class Data:
 
 
 def make_data(job: Job) -> Data:
+    """The input functions. Under --logical_workers a worker reads as the logical workers it
+    stands in for (ranks rank * k ... rank * k + k - 1 of logical_workers, k = logical_workers /
+    world size), their micro-batches in turn: the data, augmentation seeds and batch-norm
+    batches of a world of logical_workers, whatever the world's size."""
     config, workers, info = job.config, job.workers, job.info
     augment = input_pipeline.AugmentConfig.from_names(
         config.augment, area_range=(config.min_crop_area, 1.0))
+    logical = config.logical_workers or workers.size
+    if logical % workers.size:
+        raise ValueError(f"--logical_workers={logical} is not a multiple of the {workers.size} "
+                         f"workers: give a world size that divides it")
+    stands_for = range(workers.rank * (logical // workers.size),
+                       (workers.rank + 1) * (logical // workers.size))
 
-    def common(split, batch, **kwargs):
+    def common(split, batch, num_workers=workers.size, worker_index=workers.rank, **kwargs):
         return input_pipeline.make_dataset(
             config.data_dir, split, batch, image_size=config.image_size,
-            num_workers=workers.size, worker_index=workers.rank,
+            num_workers=num_workers, worker_index=worker_index,
             label_offset=config.label_offset, num_classes=info.num_classes,
             validate_records=0, **kwargs)  # validated already
 
+    def in_turn(make, batches=0):
+        """One stream per logical worker, a micro-batch of each in turn."""
+        if len(stands_for) == 1:
+            return make(logical, stands_for[0], batches)
+        each = batches // len(stands_for)
+        streams = tuple(make(logical, index, each) for index in stands_for)
+        return tf.data.Dataset.zip(streams).flat_map(
+            lambda *parts: tf.data.Dataset.from_tensor_slices(
+                tuple(tf.stack(column) for column in zip(*parts))))
+
     def train(segment, skip_batches=0):
-        return common("train", segment.micro_batch, training=True, augment=augment,
-                      seed=config.seed + 1000 * segment.phases[0].index, deterministic=True,
-                      skip_batches=skip_batches)
+        return in_turn(lambda n, i, skip: common(
+            "train", segment.micro_batch, n, i, training=True, augment=augment,
+            seed=config.seed + 1000 * segment.phases[0].index, deterministic=True,
+            skip_batches=skip), skip_batches)
 
     def bn_batches(micro_batch, count, keras_epoch):
-        return common("train", micro_batch, training=True, augment=augment,
-                      seed=config.seed + 500_000 + keras_epoch, deterministic=True,
-                      shuffle_buffer=max(256, 4 * micro_batch)).take(count)
+        return in_turn(lambda n, i, each: common(
+            "train", micro_batch, n, i, training=True, augment=augment,
+            seed=config.seed + 500_000 + keras_epoch, deterministic=True,
+            shuffle_buffer=max(256, 4 * micro_batch)).take(each), count)
 
     def validation():
         return common("validation", 64, training=False)
@@ -372,6 +394,7 @@ def checkpoint_state(job: Job, state: RunState, keras_epoch: int) -> CheckpointS
         accumulation=plan.accumulation, micro_batch=plan.micro_batch,
         input_batches_in_phase=state.micro_batches_in_segment,
         bn_stat_batches=config.bn_stat_batches, elapsed=state.history[-1].elapsed,
+        logical_workers=config.logical_workers,
         nonfinite_skips_in_a_row=state.skips_in_a_row, keras=KERAS.generation)
 
 

@@ -1,7 +1,8 @@
 """Driver (current stack): the recipe on the embedded data (run_scripts/train_on_ray.py) on a
 local Ray cluster of a head (no CPUs) and two worker nodes of 2 logical CPUs, min 2 / max 4
 workers; once the first epoch's checkpoint is written a worker node is killed, and the run must
-go on with 2 workers from that checkpoint to the end. Prints "RESULT {json}" with the summary.
+go on with 2 workers from that checkpoint to the end, training as 4 (--logical_workers=4, the
+launcher's default). Prints "RESULT {json}" with the summary.
 """
 import json
 import os
@@ -29,8 +30,7 @@ def main():
         args, train_argv = train_on_ray.parse([
             "--min_workers=2", "--max_workers=4", "--",
             "--exp=2", "--engine=tf", f"--flagfile={REPO}/run_scripts/embedded.flags",
-            f"--data_dir={REPO}/data/embedded", f"--model_dir={model_dir}",
-            "--max_micro_batch=54"])  # 216 / 4: a world of 2 trains as one of 4 (BN over 54)
+            f"--data_dir={REPO}/data/embedded", f"--model_dir={model_dir}"])
         errors = []
 
         def go():

@@ -50,24 +50,32 @@ def alive_slots(resources: Resources, suspects: Optional[dict] = None) -> int:
 class ElasticDriver:
     def __init__(self, resources: Resources, min_workers: int, max_workers: Optional[int],
                  reset_limit: Optional[int], elastic_timeout: float, placement_timeout: float,
-                 extra_env: Optional[dict] = None):
+                 extra_env: Optional[dict] = None, world_sizes=None):
         self.resources = resources
         self.min_workers, self.max_workers = min_workers, max_workers
         self.reset_limit = reset_limit
         self.elastic_timeout, self.placement_timeout = elastic_timeout, placement_timeout
         self.extra_env = extra_env
+        self.allowed = sorted(set(world_sizes)) if world_sizes else None  # None: any size
         self.store = None
         self.group: Optional[WorkerGroup] = None
         self.resets = 0
         self.world_sizes: List[int] = []
         self.suspects = {}  # nodes where a worker was lost
 
+    def _fits(self, slots: int) -> int:
+        """The largest world size the slots hold (within max_workers and the allowed sizes)."""
+        n = min(slots, self.max_workers or slots)
+        if self.allowed is not None:
+            n = max([a for a in self.allowed if a <= n], default=0)
+        return n
+
     def _world_size(self) -> int:
         deadline = time.time() + self.elastic_timeout
         while True:
             slots = alive_slots(self.resources, self.suspects)
-            if slots >= self.min_workers:
-                return min(slots, self.max_workers or slots)
+            if self._fits(slots) >= self.min_workers:
+                return self._fits(slots)
             if time.time() >= deadline:
                 raise TimeoutError(
                     f"tftorus.ray: the alive nodes hold {slots} workers of "
@@ -152,8 +160,7 @@ class ElasticDriver:
                     resumed = True
                     say(f"world {self.resets + 1} resumed from the last commit "
                         f"{world['resumed'] - lost_at:.1f} s after the loss")
-            room = min(alive_slots(self.resources, self.suspects), self.max_workers or 1 << 30)
-            if not results and room > size:
+            if not results and self._fits(alive_slots(self.resources, self.suspects)) > size:
                 r.get(self.store.ask_to_grow.remote())  # again each poll, until a commit takes it
                 if not asked:
                     asked = True

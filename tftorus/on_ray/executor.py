@@ -35,7 +35,10 @@ class Settings:
 
 
 class RayExecutor:
-    """Run a function on a group of Ray workers that form one tftorus world."""
+    """Run a function on a group of Ray workers that form one tftorus world.
+
+    Horovod's arguments, and one of tftorus': world_sizes, the sizes an elastic world may take
+    (e.g. the divisors of a fixed total batch); the largest one the alive nodes hold is used."""
 
     @classmethod
     def create_settings(cls, timeout_s: float = 30, ssh_identity_file: Optional[str] = None,
@@ -51,7 +54,7 @@ class RayExecutor:
                  use_current_placement_group: bool = True, min_workers: Optional[int] = None,
                  max_workers: Optional[int] = None, reset_limit: Optional[int] = None,
                  cooldown_range=None, elastic_timeout: float = 600,
-                 override_discovery: bool = True):
+                 override_discovery: bool = True, world_sizes=None):
         if max_workers is not None and not (min_workers and min_workers > 0):
             raise ValueError("max_workers needs a positive min_workers: give min_workers too "
                              "(elastic), or num_workers alone (a fixed world)")
@@ -74,6 +77,12 @@ class RayExecutor:
             raise ValueError(f"gpus_per_worker must be >= 1, got {gpus_per_worker}")
         if cpus_per_worker <= 0:
             raise ValueError(f"cpus_per_worker must be > 0, got {cpus_per_worker}")
+        if world_sizes is not None and min_workers is None:
+            raise ValueError("world_sizes chooses among elastic worlds: give min_workers too")
+        if world_sizes is not None and not any(
+                min_workers <= n <= (max_workers or n) for n in world_sizes):
+            raise ValueError(f"no size in world_sizes={sorted(world_sizes)} lies within "
+                             f"min_workers={min_workers}..max_workers={max_workers}")
         if reset_limit is not None and reset_limit < 0:
             raise ValueError(f"reset_limit must be >= 0, got {reset_limit}")
         del use_current_placement_group, cooldown_range, override_discovery  # Horovod's knobs
@@ -85,6 +94,7 @@ class RayExecutor:
         self.num_workers = num_workers or ((num_hosts or 0) * num_workers_per_host)
         self.min_workers, self.max_workers = min_workers, max_workers
         self.reset_limit, self.elastic_timeout = reset_limit, elastic_timeout
+        self.allowed_world_sizes = world_sizes
         self._group: Optional[WorkerGroup] = None
         self._driver: Optional[ElasticDriver] = None
         self._extra_env: dict = {}
@@ -105,7 +115,7 @@ class RayExecutor:
             self._driver = ElasticDriver(self.resources, self.min_workers, self.max_workers,
                                          self.reset_limit, self.elastic_timeout,
                                          self.settings.placement_group_timeout_s,
-                                         self._extra_env)
+                                         self._extra_env, self.allowed_world_sizes)
             return
         if self._group is not None:
             raise RuntimeError("this executor is started already: shutdown() first")
