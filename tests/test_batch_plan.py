@@ -99,7 +99,7 @@ class PlanTest(tf.test.TestCase):
                                    logical_workers=4)
         with self.assertRaisesRegex(batch_plan.PlanError, "a divisor of 54"):
             batch_plan.plan_phases(exp, world_size=2, dataset_size=10000, batch_divisor=256,
-                                   logical_workers=4, max_micro_batch=20)
+                                   logical_workers=4, max_micro_batch=40)  # 3 x 36
 
     def test_bad_worlds_and_sizes(self):
         exp = get_experiment("2")
