@@ -70,8 +70,18 @@ class ExecutorTest(tf.test.TestCase):
 @unittest.skipUnless(RAY, NO_RAY)
 class ElasticTest(tf.test.TestCase):
 
-    def check_elastic_fit(self, *argv):
-        result = harness.run([harness.worker("ray_elastic_fit.py"), *argv], timeout=600)
+    @staticmethod
+    def launch_both():
+        """Both elastic jobs at once, each on its own Ray cluster: they mostly wait (steps that
+        sleep, restarts, Ray Train's resize checks), so together they take little more than
+        the longer one."""
+        script = harness.worker("ray_elastic_fit.py")
+        executor, ray_train = harness.run_many([[script], [script, "--ray-train"]],
+                                               timeout=600, parallel=2)
+        return {"executor": executor, "ray_train": ray_train}
+
+    def check_elastic_fit(self, which):
+        result = harness.shared("ray_elastic_fits", self.launch_both)[which]
         found = re.search(r"^RESULT (.*)$", result.output, re.M)
         self.assertTrue(found, harness.describe(result))
         got = json.loads(found.group(1))
@@ -94,7 +104,7 @@ class ElasticTest(tf.test.TestCase):
         (tests/workers/ray_elastic_fit.py): 4 workers, a node killed mid-epoch -> 2 go on from
         the last commit within 60 s, a node added -> 4 again at a commit; the weights are a
         float64 replay of the committed steps on the sizes they had, equal on every rank."""
-        result = self.check_elastic_fit()
+        result = self.check_elastic_fit("executor")
         self.assertRegex(result.output, r"world 2 resumed from the last commit [\d.]+ s after "
                                         r"the loss")
         self.assertIn("the world grows at the next commit", result.output)
@@ -102,7 +112,7 @@ class ElasticTest(tf.test.TestCase):
     def test_ray_train_keras_fit_loses_a_node_then_grows(self):
         """The same under Ray Train's TensorflowTrainer, ScalingConfig(num_workers=(2, 4)):
         hvd.elastic's commits are its checkpoints."""
-        self.check_elastic_fit("--ray-train")
+        self.check_elastic_fit("ray_train")
 
 
 @unittest.skipUnless(RAY, NO_RAY)
