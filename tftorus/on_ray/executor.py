@@ -22,10 +22,10 @@ from tftorus.on_ray.worker_group import Resources, WorkerGroup
 
 @dataclasses.dataclass
 class Settings:
-    """What create_settings() returns. timeout_s bounds the wait for the workers to start;
-    placement_group_timeout_s the wait for their resources. The ssh and NIC fields are
-    Horovod's and unused: Ray starts the workers and the tf engine dials the node addresses
-    Ray reports."""
+    """What create_settings() returns. placement_group_timeout_s bounds the wait for the
+    workers' resources. timeout_s (Horovod's bound on probing network interfaces) and the ssh
+    and NIC fields are Horovod's and unused: Ray starts the workers, and the tf engine dials
+    the node addresses Ray reports."""
     timeout_s: float = 30
     ssh_identity_file: Optional[str] = None
     ssh_str: Optional[str] = None
