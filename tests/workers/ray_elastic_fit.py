@@ -11,7 +11,6 @@ and one line "RESULT {json}" for tests/test_ray.py.
 """
 import json
 import os
-import shutil
 import sys
 import tempfile
 import threading
@@ -140,17 +139,12 @@ def run_ray_train():
 def main():
     # Ray Train: a smaller world after a loss without waiting a minute for the lost node
     os.environ.setdefault("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "15")
-    import ray
-    from ray.cluster_utils import Cluster
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import ray_cluster  # tests/workers
     via_ray_train = "--ray-train" in sys.argv
     t0 = time.time()
-    cluster = Cluster(initialize_head=True,
-                      head_node_args={"num_cpus": 0, "include_dashboard": False})
-    nodes = [cluster.add_node(num_cpus=2) for _ in range(2)]
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, log_to_driver=True)
-    print(f"cluster up in {time.time() - t0:.1f} s", flush=True)
-    try:
+    with ray_cluster.three_nodes(WORK) as (cluster, nodes):
+        print(f"cluster up in {time.time() - t0:.1f} s", flush=True)
         run, world_sizes, stop = run_ray_train() if via_ray_train else run_executor()
         out = {}
         runner = threading.Thread(target=lambda: out.update(results=run()))
@@ -193,10 +187,6 @@ def main():
             "max_abs_diff": float(max(np.abs(got_w - w).max(), np.abs(got_b - b).max())),
             "scale": float(np.abs(w).max())}), flush=True)
         stop()
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
-        shutil.rmtree(WORK, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -3,20 +3,17 @@ logical CPUs, on 2 and 4 workers: run, execute with an executable_cls, run_remot
 execute_single; then the one-line refusals (a function that does not pickle, resources the
 cluster never has). Prints "N checks, M failed" and each failure.
 """
+import os
+import sys
 import threading
 import time
 
 import numpy as np
 
-checks, failures = 0, []
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import report  # noqa: E402  (tests/workers)
 
-
-def check(what, ok):
-    global checks
-    checks += 1
-    if not ok:
-        failures.append(what)
-        print(f"FAILED: {what}", flush=True)
+check = report.Checks()
 
 
 def summed(scale):
@@ -96,7 +93,7 @@ def main():
                 print(f"REFUSED: {e}")
     finally:
         ray.shutdown()
-    print(f"{checks} checks, {len(failures)} failed", flush=True)
+    print(f"{check.count} checks, {len(check.failures)} failed", flush=True)
 
 
 if __name__ == "__main__":

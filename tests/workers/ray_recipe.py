@@ -6,7 +6,6 @@ launcher's default). Prints "RESULT {json}" with the summary.
 """
 import json
 import os
-import shutil
 import sys
 import tempfile
 import threading
@@ -14,19 +13,14 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(REPO, "run_scripts"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ray_cluster  # noqa: E402  (tests/workers)
 import train_on_ray  # noqa: E402
 
 
 def main():
-    import ray
-    from ray.cluster_utils import Cluster
     model_dir = tempfile.mkdtemp(prefix="tftorus_ray_recipe_")
-    cluster = Cluster(initialize_head=True,
-                      head_node_args={"num_cpus": 0, "include_dashboard": False})
-    nodes = [cluster.add_node(num_cpus=2) for _ in range(2)]
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address)
-    try:
+    with ray_cluster.three_nodes(model_dir) as (cluster, nodes):
         args, train_argv = train_on_ray.parse([
             "--min_workers=2", "--max_workers=4", "--",
             "--exp=2", "--engine=tf", f"--flagfile={REPO}/run_scripts/embedded.flags",
@@ -54,10 +48,6 @@ def main():
         with open(os.path.join(model_dir, "summary.json")) as f:
             summary = json.load(f)
         print("RESULT " + json.dumps(summary), flush=True)
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
-        shutil.rmtree(model_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":

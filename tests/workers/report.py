@@ -33,3 +33,16 @@ def finish(rank: int, checks: int, failures, what: str = "") -> None:
         raise Finished(len(failures))
     tftorus.shutdown()  # every rank is past its last collective before any exits
     sys.exit(1 if failures else 0)
+
+
+class Checks:
+    """A worker's tally: `check(what, ok)` counts a check and keeps what failed."""
+
+    def __init__(self):
+        self.count, self.failures = 0, []
+
+    def __call__(self, what: str, ok) -> None:
+        self.count += 1
+        if not ok:
+            self.failures.append(what)
+            print(f"FAILED: {what}", flush=True)
