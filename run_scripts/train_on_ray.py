@@ -3,7 +3,8 @@
     python run_scripts/train_on_ray.py --address=auto --min_workers=2 --max_workers=8 \
         [--cpus_per_worker=8 --use_gpu] -- --exp=2 --data_dir=/imagenet --model_dir=/shared/run1
 
-Everything after `--` is train.py's. Each world of workers (tftorus.ray.RayExecutor with
+Everything after `--` is train.py's; the workers run it in this directory (the same path on
+every node, as the checkout must be), so relative paths mean what they mean here. Each world of workers (tftorus.ray.RayExecutor with
 min_workers/max_workers) runs train.py with --resume=auto: when a worker or node is lost, the
 world restarts as the workers the alive nodes hold and continues from the newest checkpoint in
 --model_dir; so --model_dir must be a directory every node sees (a shared file system), and a
@@ -24,8 +25,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(REPO, "run_scripts", "train.py")
 
 
-def one_world(train_argv):
-    """train.py in this Ray worker, as if launched: its exit status 0 is success."""
+def one_world(train_argv, cwd):
+    """train.py in this Ray worker, as if launched from the driver's directory (so relative
+    paths, like the embedded flags' data/embedded, mean what they mean there): its exit status 0
+    is success."""
+    if os.path.isdir(cwd):
+        os.chdir(cwd)
     sys.argv = [TRAIN, *train_argv]
     try:
         runpy.run_path(TRAIN, run_name="__main__")
@@ -94,7 +99,7 @@ def run(args, train_argv, ray_init=True) -> None:
     executor.start(extra_env_vars={"TF_CPP_MIN_LOG_LEVEL": "2"})
     start = time.time()
     try:
-        executor.run(one_world, args=[[*train_argv, "--resume=auto"]])
+        executor.run(one_world, args=[[*train_argv, "--resume=auto"], os.getcwd()])
     finally:
         executor.shutdown()
     print(f"train_on_ray: done in {time.time() - start:.0f} s on worlds of "

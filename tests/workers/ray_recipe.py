@@ -19,12 +19,13 @@ import train_on_ray  # noqa: E402
 
 
 def main():
+    os.chdir(REPO)  # the workers run train.py here too: the flags' data/embedded is the main job's
     model_dir = tempfile.mkdtemp(prefix="tftorus_ray_recipe_")
     with ray_cluster.three_nodes(model_dir) as (cluster, nodes):
         args, train_argv = train_on_ray.parse([
             "--min_workers=2", "--max_workers=4", "--",
-            "--exp=2", "--engine=tf", f"--flagfile={REPO}/run_scripts/embedded.flags",
-            f"--data_dir={REPO}/data/embedded", f"--model_dir={model_dir}"])
+            "--exp=2", "--engine=tf", "--flagfile=run_scripts/embedded.flags",
+            f"--model_dir={model_dir}"])  # the main job's data/embedded, made on first use
         errors = []
 
         def go():
