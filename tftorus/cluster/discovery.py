@@ -112,7 +112,7 @@ def _int_env(name: str) -> Optional[int]:
     return int(raw)
 
 
-def _free_port(host: str) -> int:
+def free_port(host: str) -> int:
     # The port is free now; TF's server binds it moments later. The gap is small, and a base
     # port (TFTORUS_TF_PORT) avoids it where ports are firewalled or contended.
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -184,7 +184,7 @@ def from_horovodrun(host: Optional[str], port: Optional[int], timeout: float,
     if host is None:
         single_host = local_size == size or hostname in LOOPBACK_NAMES
         host = "127.0.0.1" if single_host else hostname
-    my_port = port + local_rank if port is not None else _free_port(host)
+    my_port = port + local_rank if port is not None else free_port(host)
     me = f"[{host}]:{my_port}" if ":" in host else f"{host}:{my_port}"
     seal = job_secret.Seal(job_secret.load())
     if rank == 0 and not seal.authenticated:
@@ -426,7 +426,7 @@ def from_mpirun(host: Optional[str], port: Optional[int], timeout: float,
         if port is not None:
             _check_ports(port, local_size, f"mpirun's {local_size} ranks on a host from base port "
                                            f"{port}")
-        my_port = port + local_rank if port is not None else _free_port(mine)
+        my_port = port + local_rank if port is not None else free_port(mine)
         workers = rendezvous.exchange_addresses(rank, size, join_address(mine, my_port), where,
                                      rendezvous_timeout)
     elif one_host:

@@ -15,7 +15,6 @@ A world that cannot be had (fewer than min_workers' resources for elastic_timeou
 resets than reset_limit, or a user error in the function (any other exception) ends the job with
 that error.
 """
-import logging
 import time
 from typing import Callable, List, Optional
 
@@ -23,8 +22,6 @@ from tftorus.on_ray import worker as outcomes
 from tftorus.on_ray.commit_store import CommitStore
 from tftorus.on_ray.ray_module import ray
 from tftorus.on_ray.worker_group import Resources, WorkerGroup
-
-logger = logging.getLogger(__name__)
 
 POLL_SECONDS = 1.0
 

@@ -7,16 +7,11 @@ is reported as one of three outcomes: done, grow (a commit where workers can joi
 peer's collective failed; the driver restarts the world from the last commit).
 """
 import os
-import socket
 import traceback
 
+from tftorus.cluster.discovery import free_port
+
 DONE, GROW, LOST = "done", "grow", "lost"
-
-
-def _free_port(ip: str) -> int:
-    with socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET) as s:
-        s.bind((ip, 0))
-        return s.getsockname()[1]
 
 
 class Worker:
@@ -28,8 +23,7 @@ class Worker:
         import ray
         ip = ray.util.get_node_ip_address()
         return {"node_id": ray.get_runtime_context().get_node_id(), "ip": ip,
-                "port": _free_port(ip), "pid": os.getpid(), "hostname": socket.gethostname(),
-                "gpus": os.environ.get("CUDA_VISIBLE_DEVICES")}
+                "port": free_port(ip)}
 
     def set_env(self, env: dict) -> None:
         os.environ.update({k: str(v) for k, v in env.items()})

@@ -8,9 +8,9 @@ CUDA_VISIBLE_DEVICES to its own; tftorus then uses the one it sees (cluster/gpu_
 """
 import dataclasses
 import json
-import time
 from typing import List, Optional
 
+from tftorus.cluster.discovery import JOB, join_address
 from tftorus.launch import job_secret
 from tftorus.on_ray.ray_module import ray
 from tftorus.on_ray.worker import Worker
@@ -47,10 +47,8 @@ def actor_options(resources: Resources, placement_group, bundle_index: int) -> d
 
 def cluster_spec(places: List[dict], rank: int) -> str:
     """TF_CONFIG for `rank` over the workers at `places` (in rank order)."""
-    workers = [f"[{p['ip']}]:{p['port']}" if ":" in p["ip"] else f"{p['ip']}:{p['port']}"
-               for p in places]
-    return json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker",
-                                                                "index": rank}})
+    workers = [join_address(p["ip"], p["port"]) for p in places]
+    return json.dumps({"cluster": {JOB: workers}, "task": {"type": JOB, "index": rank}})
 
 
 class WorkerGroup:
@@ -92,7 +90,6 @@ class WorkerGroup:
         r.get([a.set_env.remote({**env, "TF_CONFIG": cluster_spec(self.places, rank),
                                  job_secret.ENV: secret, "PYTHONUNBUFFERED": "1"})
                for rank, a in enumerate(self.actors)])
-        self.started = time.time()
 
     def nodes(self) -> List[str]:
         return [p["node_id"] for p in self.places]
