@@ -63,7 +63,7 @@ run_stack() {  # run_stack STACK PYTEST-ARGS...
     TFTORUS_STACK="$stack" bash "$repo/run_scripts/setup.sh" || return
   fi
   local rc=0
-  "$venv/bin/python" -m pytest -p no:cacheprovider -q -rfEs --durations=15 \
+  "$venv/bin/python" -m pytest -p no:cacheprovider -q -rfEs --durations=60 \
     ${tier[@]+"${tier[@]}"} "$@" || rc=$?
   if [ "$stack" = current ] && [ "$rc" = 5 ] && [ "$tier_run" = 1 ]; then
     # conftest.py fails a run that collects none of CURRENT_STACK, so this is the tier: empty here
