@@ -292,11 +292,17 @@ def worker(name: str) -> str:
     return os.path.join(WORKERS, name)
 
 
+# Ray Train's own helper actors print tracebacks that end no job (its placement-group cleaner
+# asks a dashboard the tests' clusters do not run): the cause is elsewhere
+NOISY_TRACEBACKS = ("(PlacementGroupCleaner",)
+
+
 def describe(result: Result, tail: int = 40, first_error: int = 30) -> str:
     """Exit status, the first traceback of any rank (the cause), and the last lines."""
     lines = [l for l in result.output.splitlines()
              if "oneDNN" not in l and "cpu_feature_guard" not in l and "rebuild TensorFlow" not in l]
-    start = next((i for i, l in enumerate(lines) if "Traceback" in l or "MISMATCH" in l), None)
+    start = next((i for i, l in enumerate(lines) if ("Traceback" in l or "MISMATCH" in l)
+                  and not any(n in l for n in NOISY_TRACEBACKS)), None)
     first = [] if start is None else ["first error:"] + lines[start:start + first_error] + ["..."]
     return (f"exit {result.returncode} after {result.seconds:.0f}s"
             f"{' (TIMED OUT)' if result.timed_out else ''}\n" + "\n".join(first)
