@@ -23,8 +23,8 @@
 # classic 17.3); the default tier 9.1 min with set-up done (987abf4, 442 images/s);
 # --quick about a minute per stack. On a slow machine (2026-11-28, 15eea1c, the main job at
 # 194-205 images/s) --all took 62.4 min with set-up (current 28.8 min of tests, classic 32.0).
-# With Ray's tests (2026-11-29, f9cf977, the recipe on Ray at 136-228 images/s): 77.7 min with
-# set-up (current 37.0 min of tests, 8 of them Ray's slow tier; classic 38.6, beside another job).
+# With Ray's tests (2026-11-29, d204f20, the main job at 202 images/s): 77.5 min with set-up
+# (current 41.6 min of tests, 8.8 of them Ray's three slow jobs; classic 33.9).
 set -uo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 case "${TFTORUS_STACK:-}" in
