@@ -103,10 +103,13 @@ class ElasticTest(tf.test.TestCase):
         """RayExecutor(min_workers=2, max_workers=4) on two nodes of 2 CPUs
         (tests/workers/ray_elastic_fit.py): 4 workers, a node killed mid-epoch -> 2 go on from
         the last commit within 60 s, a node added -> 4 again at a commit; the weights are a
-        float64 replay of the committed steps on the sizes they had, equal on every rank."""
+        float64 replay of the committed steps on the sizes they had, equal on every rank; what
+        rank 0 logged of each step (tftorus.ray.ray_logger) reached run()'s callback."""
         result = self.check_elastic_fit("executor")
         self.assertRegex(result.output, r"world 2 resumed from the last commit [\d.]+ s after "
                                         r"the loss")
+        got = json.loads(re.search(r"^RESULT (.*)$", result.output, re.M).group(1))
+        self.assertTrue(got["logged_every_step"])  # ray_logger.log -> run(callbacks=)
         self.assertIn("the world grows at the next commit", result.output)
 
     def test_ray_train_keras_fit_loses_a_node_then_grows(self):

@@ -6,7 +6,8 @@ TensorflowTrainer with ScalingConfig(num_workers=(2, 4)).
 Mid-epoch one worker node is killed, later a new one is added. The job must go on with the
 survivors from the last commit, grow once the new node is there, and end with the weights of a
 float64 replay of the committed steps, each on the world size it had (every rank takes 4 rows
-of a step's global batch, so a step's batch is 4 x the world size). Prints "RESUMED AFTER x s"
+of a step's global batch, so a step's batch is 4 x the world size). Under the executor rank 0
+also logs each step (tftorus.ray.ray_logger) to a callback of run(). Prints "RESUMED AFTER x s"
 and one line "RESULT {json}" for tests/test_ray.py.
 """
 import json
@@ -22,6 +23,7 @@ FEATURES, ROWS, BATCHES, EPOCHS, LR = 5, 4, 10, 3, 0.05
 STEP_SECONDS = 0.25  # each step waits, so the node is killed mid-epoch
 WORK = tempfile.mkdtemp(prefix="tftorus_ray_")  # the nodes share this machine's disk
 PROGRESS = os.path.join(WORK, "progress")  # rank 0's "size epoch batch" after each step
+LOGS = "--ray-train" not in sys.argv  # run(callbacks=) is the executor's (as in Horovod)
 
 
 def data(epoch: int, batch: int, rows: int):
@@ -57,6 +59,9 @@ def train_fn(config=None):
             if rank == 0:
                 with open(PROGRESS, "a") as f:
                     f.write(f"{size} {state.epoch} {state.batch} {time.time()}\n")
+                if LOGS:
+                    from tftorus.ray import ray_logger
+                    ray_logger.log({"epoch": state.epoch, "batch": self.start + batch})
             time.sleep(STEP_SECONDS)
 
         def on_epoch_end(self, epoch, logs=None):
@@ -107,12 +112,16 @@ def progress():
     return int(size), int(epoch), int(batch), float(when)
 
 
+LOGGED = []  # what run()'s callback received
+
+
 def run_executor():
     from tftorus.ray import RayExecutor
     executor = RayExecutor(RayExecutor.create_settings(), min_workers=2, max_workers=4,
                            cpus_per_worker=1)
     executor.start()
-    return (lambda: executor.run(train_fn)), (lambda: executor.world_sizes), executor.shutdown
+    return ((lambda: executor.run(train_fn, callbacks=[LOGGED.append])),
+            (lambda: executor.world_sizes), executor.shutdown)
 
 
 def run_ray_train():
@@ -187,6 +196,8 @@ def main():
                 (e, b) for e in range(EPOCHS) for b in range(BATCHES)],
             "resets": first["resets"], "ranks": [r["rank"] for r in results],
             "same_on_every_rank": all(r["weights"] == first["weights"] for r in results),
+            "logged_every_step": sorted({(v["epoch"], v["batch"]) for v in LOGGED}) == [
+                (e, b) for e in range(EPOCHS) for b in range(BATCHES)] if LOGS else None,
             "max_abs_diff": float(max(np.abs(got_w - w).max(), np.abs(got_b - b).max())),
             "scale": float(np.abs(w).max())}), flush=True)
         stop()

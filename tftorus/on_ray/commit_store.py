@@ -2,7 +2,8 @@
 driver's node (it needs no CPU), so it outlives the loss of any worker node; Ray's head node and
 the driver going down end the job anyway. Rank 0 hands it each commit (one actor call, so a
 commit is whole or absent), every rank of a new world reads it, and the driver asks through it
-for the world to grow at the next commit.
+for the world to grow at the next commit. It also carries the values a worker's function logs
+(ray_logger.py) to the driver, which hands them to run()'s callbacks.
 
 RayCommitKeeper is the worker's side of it, as reliability/commit_keeper.py defines a keeper.
 """
@@ -16,6 +17,7 @@ class CommitStore:
         self._commits = 0
         self._grow = False
         self._world = {"number": 0, "size": 0, "loads": 0, "started": 0.0, "resumed": None}
+        self._logged: list = []
 
     def new_world(self, number: int, size: int) -> None:
         self._grow = False
@@ -34,6 +36,14 @@ class CommitStore:
         self._commits += 1
         grow, self._grow = self._grow, False
         return grow
+
+    def log(self, value) -> None:
+        self._logged.append(value)
+
+    def take_logged(self) -> list:
+        """The values logged since the last call, in the order they came."""
+        taken, self._logged = self._logged, []
+        return taken
 
     def ask_to_grow(self) -> None:
         self._grow = True

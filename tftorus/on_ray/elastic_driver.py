@@ -11,6 +11,8 @@ in the new processes. The state crosses over through the commit store (commit_st
                             (HostsUpdatedInterrupt); the new, larger world resumes from it
   the function returns      run() returns each rank's value, from the world that finished
 
+What a rank logs (ray_logger.log) reaches run()'s callbacks at the driver's next poll (a second).
+
 A world that cannot be had (fewer than min_workers' resources for elastic_timeout seconds), more
 resets than reset_limit, or a user error in the function (any other exception) ends the job with
 that error.
@@ -59,6 +61,7 @@ class ElasticDriver:
         self.resets = 0
         self.world_sizes: List[int] = []
         self.suspects = {}  # nodes where a worker was lost
+        self.callbacks: list = []  # run()'s, each called with every value a rank logs
 
     def _fits(self, slots: int) -> int:
         """The largest world size the slots hold (within max_workers and the allowed sizes)."""
@@ -94,11 +97,19 @@ class ElasticDriver:
             return None
         return ray().get(self.store.progress.remote())
 
-    def run(self, fn: Callable, args=None, kwargs=None) -> list:
+    def run(self, fn: Callable, args=None, kwargs=None, callbacks=None) -> list:
+        self.callbacks = list(callbacks or [])
         try:
             return self._run(fn, args, kwargs)
         finally:
             self.stop()
+
+    def _hand_over_logged(self) -> None:
+        """Every callback with each value the ranks logged since the last call, in order."""
+        if self.callbacks:
+            for value in ray().get(self.store.take_logged.remote()):
+                for callback in self.callbacks:
+                    callback(value)
 
     def _run(self, fn: Callable, args, kwargs) -> list:
         r = ray()
@@ -117,6 +128,7 @@ class ElasticDriver:
                        for a in self.group.actors]
             outcome, detail = self._watch(futures, size, lost_at)
             self.group.stop()
+            self._hand_over_logged()  # what the world logged last
             if outcome == outcomes.DONE:
                 return detail
             lost_at = time.time() if outcome == outcomes.LOST else None
@@ -137,6 +149,7 @@ class ElasticDriver:
         asked = resumed = False
         while pending:
             ready, pending = r.wait(pending, num_returns=1, timeout=POLL_SECONDS)
+            self._hand_over_logged()
             for f in ready:
                 rank = index[f]
                 try:

@@ -138,14 +138,17 @@ class RayExecutor:
     def run(self, fn: Callable, args: Optional[list] = None, kwargs: Optional[dict] = None,
             callbacks=None) -> List[Any]:
         """fn(*args, **kwargs) on every rank; the values in rank order (elastic: the ranks of
-        the world that finished)."""
-        del callbacks
+        the world that finished). callbacks (elastic only, as in Horovod): callables, each
+        called on the driver with every value a rank logs (tftorus.ray.ray_logger.log)."""
         check_picklable(fn, args, kwargs)
         if self.settings.elastic:
             if self._driver is None:
                 raise RuntimeError("call start() before run()")
-            return self._driver.run(fn, args, kwargs)
-        return ray().get(self.run_remote(fn, args, kwargs))
+            if any(not callable(c) for c in callbacks or []):
+                raise TypeError("callbacks must be a list of callables (functions, or objects "
+                                "with __call__), each called with every logged value")
+            return self._driver.run(fn, args, kwargs, callbacks)
+        return ray().get(self.run_remote(fn, args, kwargs))  # Horovod's ignores callbacks here
 
     def run_remote(self, fn: Callable, args: Optional[list] = None,
                    kwargs: Optional[dict] = None) -> list:

@@ -41,8 +41,10 @@ class Worker:
         """(outcome, value): fn's return value when done, else why the world ended here."""
         from tftorus.engines.tf_engine import CollectiveError
         from tftorus.on_ray.commit_store import RayCommitKeeper
+        from tftorus.on_ray import ray_logger
         from tftorus.reliability import commit_keeper
         commit_keeper.install(RayCommitKeeper(store, resets))
+        ray_logger.configure(store)
         try:
             return DONE, fn(*(args or ()), **(kwargs or {}))
         except commit_keeper.HostsUpdatedInterrupt:
