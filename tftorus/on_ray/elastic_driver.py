@@ -105,11 +105,11 @@ class ElasticDriver:
             self.stop()
 
     def _hand_over_logged(self) -> None:
-        """Every callback with each value the ranks logged since the last call, in order."""
-        if self.callbacks:
-            for value in ray().get(self.store.take_logged.remote()):
-                for callback in self.callbacks:
-                    callback(value)
+        """Every callback with each value the ranks logged since the last call, in order
+        (taken even without callbacks, so a job that logs does not fill the store)."""
+        for value in ray().get(self.store.take_logged.remote()):
+            for callback in self.callbacks:
+                callback(value)
 
     def _run(self, fn: Callable, args, kwargs) -> list:
         r = ray()
