@@ -188,8 +188,13 @@ def define_flags():
 
 
 def resolve_run(fv=None) -> RunSpec:
-    """The flags resolved (`resolve`), then the run they specify; ValueError naming fixes."""
-    return RunSpec.from_config(resolve(fv))
+    """The flags resolved (`resolve`), then the run they specify; ValueError naming fixes.
+    Every check that needs no TensorFlow comes first (the run's plan included), so a bad value
+    fails before the engine's check loads it."""
+    fv = fv or flags.FLAGS
+    config = _checked(fv)
+    RunSpec.from_config(config)
+    return RunSpec.from_config(_with_engine(config, fv))
 
 
 def resolve_engine(engine: Optional[str]) -> str:
@@ -209,6 +214,21 @@ def resolve_engine(engine: Optional[str]) -> str:
 def resolve(fv=None) -> TrainConfig:
     """Experiment row, then explicit flags; every value checked. Raises ValueError naming fixes."""
     fv = fv or flags.FLAGS
+    return _with_engine(_checked(fv), fv)
+
+
+def _with_engine(config: "TrainConfig", fv) -> "TrainConfig":
+    """`config` with its engine resolved and its grid parsed: both import tftorus, which loads
+    TensorFlow, so they come after every plain check."""
+    engine = resolve_engine(fv.engine)
+    if str(fv.grid).strip().lower() not in ("auto", "paper"):
+        from tftorus.torus.grid import grid_shape
+        grid_shape(fv.grid)  # malformed: now; whether it fits the world: at tftorus.init()
+    return dataclasses.replace(config, engine=engine)
+
+
+def _checked(fv) -> "TrainConfig":
+    """The flags as a TrainConfig, every value checked but the engine (left as given)."""
     experiment = get_experiment(fv.exp)
     key = str(fv.exp).strip().lower()
     lr_config = (fv.lr_config or experiment.lr_config).upper()
@@ -266,10 +286,6 @@ def resolve(fv=None) -> TrainConfig:
     # set by), so every variable LARS leaves unadapted (BN, biases) steps as it would at the
     # paper's batch. Momentum follows the divided batches through the divided reference batch.
     lr_scale = 1.0 / fv.batch_divisor if fv.lr_scale is None else fv.lr_scale
-    engine = resolve_engine(fv.engine)
-    if str(fv.grid).strip().lower() not in ("auto", "paper"):
-        from tftorus.torus.grid import grid_shape  # here: importing tftorus starts TensorFlow
-        grid_shape(fv.grid)  # malformed: now; whether it fits the world: at tftorus.init()
     return TrainConfig(
         exp=key if key in ("1", "2", "3", "4") else "ref", lr_config=lr_config,
         label_smoothing=smoothing, epochs=fv.epochs, batch_divisor=fv.batch_divisor,
@@ -284,7 +300,7 @@ def resolve(fv=None) -> TrainConfig:
         trust_coefficient=fv.trust_coefficient, lars_epsilon=fv.lars_epsilon,
         weight_decay=fv.weight_decay, reference_batch=fv.reference_batch, lr_scale=lr_scale,
         lr_scale_from="batch_divisor" if fv.lr_scale is None else "flag",
-        algorithm=fv.algorithm, engine=engine,
+        algorithm=fv.algorithm, engine=fv.engine,
         collective_timeout=fv.collective_timeout, heartbeat_timeout=fv.heartbeat_timeout,
         stall_timeout=fv.stall_timeout, grid=fv.grid, compression=fv.compression,
         fusion_threshold_mb=fv.fusion_threshold_mb, bn_stat_batches=fv.bn_stat_batches,

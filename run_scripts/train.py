@@ -35,28 +35,19 @@ if __name__ == "__main__":  # before TensorFlow's threads start, so they inherit
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
-import tftorus  # noqa: E402
-from flags.config import define_flags, resolve_run  # noqa: E402
-from official_resnet.data import input_pipeline  # noqa: E402
-from official_resnet.run import trainer
-from official_resnet.run.run_state import NonFiniteLossError  # noqa: E402
-from tftorus.engines.tf_engine import CollectiveError, translate_errors  # noqa: E402
-from tftorus.reliability import watchdog  # noqa: E402
+from flags.config import define_flags, resolve_run  # noqa: E402  (plain Python: no TensorFlow)
 
 define_flags()
 FLAGS = absl_flags.FLAGS
 
-# Errors that mean "the input is wrong": one clear line and exit status 2, no traceback.
-USER_ERRORS = (ValueError, FileNotFoundError, tftorus.GridError, NonFiniteLossError)
 
+def main(spec):
+    from official_resnet.run import trainer  # TensorFlow: loaded by then (resolve_run's engine)
 
-def main(argv):
-    del argv
     # absl (app.run) owns the log handler: a short format, so the log reads
     # "21:29:06 epoch 1.00 | ..." rather than absl's thread id and source line.
     absl_logging.get_absl_handler().setFormatter(
         logging.Formatter("%(asctime)s %(message)s", datefmt="%H:%M:%S"))
-    spec = resolve_run(FLAGS)
     if FLAGS.plan_only:
         print(trainer.plan_text(spec, FLAGS.num_workers, read_data_dir=FLAGS["data_dir"].present),
               flush=True)
@@ -64,15 +55,34 @@ def main(argv):
     trainer.train(spec)
 
 
+def user_error(error):
+    print(f"error: {error}", file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
 def run(argv):
+    del argv
+    # Flags are checked before TensorFlow loads (seconds per process): a mistyped value fails
+    # in a second, as an unknown flag does (absl parsed them already).
+    try:
+        spec = resolve_run(FLAGS)
+    except ValueError as error:
+        user_error(error)
+    import tftorus  # noqa: E402
+    from official_resnet.data import input_pipeline  # noqa: E402
+    from official_resnet.run.run_state import NonFiniteLossError  # noqa: E402
+    from tftorus.engines.tf_engine import CollectiveError, translate_errors  # noqa: E402
+    from tftorus.reliability import watchdog  # noqa: E402
+
+    # Errors that mean "the input is wrong": one clear line and exit status 2, no traceback.
+    user_errors = (ValueError, FileNotFoundError, tftorus.GridError, NonFiniteLossError)
     watchdog.handle_termination()  # the launcher's SIGTERM: one line saying what this rank did
     try:
         # the tf engine's failed collectives, and records failing a check mid-run, in words
         with translate_errors(), input_pipeline.data_errors_in_words():
-            main(argv)
-    except USER_ERRORS as error:
-        print(f"error: {error}", file=sys.stderr, flush=True)
-        sys.exit(2)
+            main(spec)
+    except user_errors as error:
+        user_error(error)
     except CollectiveError as error:  # a peer died or stalled: nothing to wait for
         # who was lost, if the heartbeats know (or learn within their timeout); a lost or
         # stalled worker is then why the run stops, with the watchdog's status on every rank,

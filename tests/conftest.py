@@ -15,6 +15,8 @@ CURRENT_ONLY holds the tf engine's heaviest jobs: the engine is the same code on
 they run once, on the stack where it is the only engine.
 """
 import importlib.util
+import os
+import time
 
 import pytest
 import tensorflow as tf
@@ -218,7 +220,8 @@ CURRENT_STACK = (
 )
 
 # Run on the current stack only (see the module docstring); the classic stack's tf engine keeps
-# its 1-, 2- and 4-rank jobs, KilledWorkerTest and the engines' agreement in a fit.
+# its 1-, 2- and 4-rank jobs, KilledWorkerTest, the engines' agreement in a fit and a user's fit
+# under the local launcher and TF_CONFIG.
 CURRENT_ONLY = (
     "tests/test_planner.py::ProbeJobTest::test_tf_engine_two_hosts_probe_plan_and_sum",
     "tests/test_plan_guard.py::GuardJobTest::test_tf_engine",
@@ -236,6 +239,11 @@ CURRENT_ONLY = (
     "tests/test_worker_loss.py::WorkerLossTest::test_stopped_worker_tf_engine",
     "tests/test_worker_loss.py::WorkerLossTest::"
     "test_killed_worker_tf_engine_then_resume_equals_uninterrupted",
+    # the launchers' discovery from srun's and mpirun's variables is plain Python, the same on
+    # both stacks; the classic stack keeps the local launcher and TF_CONFIG
+    "tests/test_launchers.py::SchedulerEnvironmentTest",
+    "tests/test_user_fit.py::LaunchWithoutHorovodTest::test_slurm_srun_environment",
+    "tests/test_user_fit.py::LaunchWithoutHorovodTest::test_open_mpi_mpirun_environment",
 )
 
 CURRENT = importlib.util.find_spec("horovod") is None  # this is the current stack
@@ -301,3 +309,39 @@ def pytest_collection_modifyitems(session, config, items):
             and not CURRENT:  # a renamed test (the current stack collects only some)
         raise pytest.UsageError(f"tests/conftest.py lists tests that do not exist: "
                                 f"{sorted(unknown)}")
+
+
+# How much of each test's time left the cores idle (the machine's /proc/stat, all processes):
+# a test that mostly waits (a timeout, a peer's loss) can share the cores with another one; a
+# test that keeps them busy cannot. The summary lists the tests that left the most idle.
+_IDLE = {}
+
+
+def _idle_core_seconds():
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()[1:]
+        return (int(fields[3]) + int(fields[4])) / os.sysconf("SC_CLK_TCK")  # idle + iowait
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    idle, start = _idle_core_seconds(), time.monotonic()
+    yield
+    if idle is not None:
+        _IDLE[item.nodeid] = (time.monotonic() - start, _idle_core_seconds() - idle)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _IDLE:
+        return
+    cores = os.cpu_count() or 1
+    wall = sum(w for w, _ in _IDLE.values())
+    idle = sum(i for _, i in _IDLE.values())
+    terminalreporter.write_sep("=", f"idle cores: {idle / cores / 60:.1f} of {wall / 60:.1f} "
+                                    f"min of tests ({cores} cores)")
+    for nodeid, (w, i) in sorted(_IDLE.items(), key=lambda kv: -kv[1][1])[:25]:
+        if i / cores >= 1:
+            terminalreporter.write_line(f"{i / cores:7.1f}s idle of {w:7.1f}s  {nodeid}")

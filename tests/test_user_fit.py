@@ -65,7 +65,8 @@ class HorovodLaunchTest(UserFitCase):
 
 
 class LaunchWithoutHorovodTest(UserFitCase):
-    """The tf engine, no Horovod runtime: both stacks (the current one has no other)."""
+    """The tf engine, no Horovod runtime: both stacks (the current one has no other); srun's and
+    mpirun's variables on the current one (tests/conftest.py's CURRENT_ONLY)."""
 
     def argv(self, out):
         return [harness.worker("user_fit_accumulation.py"), out]
