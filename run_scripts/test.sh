@@ -24,7 +24,9 @@
 # --quick about a minute per stack. On a slow machine (2026-11-28, 15eea1c, the main job at
 # 194-205 images/s) --all took 62.4 min with set-up (current 28.8 min of tests, classic 32.0).
 # With Ray's tests (2026-11-29, d204f20, the main job at 202 images/s): 77.5 min with set-up
-# (current 41.6 min of tests, 8.8 of them Ray's three slow jobs; classic 33.9).
+# (current 41.6 min of tests, 8.8 of them Ray's three slow jobs; classic 33.9). 56e48fc (flags
+# checked before TensorFlow loads; srun/mpirun launches on current only), the main job at 182
+# images/s: 73.4 min (current 40.8, classic 30.6). Each stack's summary says how long its cores sat idle.
 set -uo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 case "${TFTORUS_STACK:-}" in
