@@ -193,8 +193,8 @@ def resolve_run(fv=None) -> RunSpec:
     fails before the engine's check loads it."""
     fv = fv or flags.FLAGS
     config = _checked(fv)
-    RunSpec.from_config(config)
-    return RunSpec.from_config(_with_engine(config, fv))
+    spec = RunSpec.from_config(config)  # the engine plays no part in the run's plan
+    return dataclasses.replace(spec, config=_with_engine(config, fv))
 
 
 def resolve_engine(engine: Optional[str]) -> str:

@@ -68,11 +68,11 @@ def run(argv):
         spec = resolve_run(FLAGS)
     except ValueError as error:
         user_error(error)
-    import tftorus  # noqa: E402
-    from official_resnet.data import input_pipeline  # noqa: E402
-    from official_resnet.run.run_state import NonFiniteLossError  # noqa: E402
-    from tftorus.engines.tf_engine import CollectiveError, translate_errors  # noqa: E402
-    from tftorus.reliability import watchdog  # noqa: E402
+    import tftorus
+    from official_resnet.data import input_pipeline
+    from official_resnet.run.run_state import NonFiniteLossError
+    from tftorus.engines.tf_engine import CollectiveError, translate_errors
+    from tftorus.reliability import watchdog
 
     # Errors that mean "the input is wrong": one clear line and exit status 2, no traceback.
     user_errors = (ValueError, FileNotFoundError, tftorus.GridError, NonFiniteLossError)
