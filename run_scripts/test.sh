@@ -26,7 +26,9 @@
 # With Ray's tests (2026-11-29, d204f20, the main job at 202 images/s): 77.5 min with set-up
 # (current 41.6 min of tests, 8.8 of them Ray's three slow jobs; classic 33.9). 56e48fc (flags
 # checked before TensorFlow loads; srun/mpirun launches on current only), the main job at 182
-# images/s: 73.4 min (current 40.8, classic 30.6). Each stack's summary says how long its cores sat idle.
+# images/s: 73.4 min (current 40.8, classic 30.6). At 210d9e8 on a machine whose main job ran at 366
+# images/s the current stack's tests took 37.5 min: the main job's speed does not predict the
+# tests', which mostly start processes. Each stack's summary says how long its cores sat idle.
 set -uo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 case "${TFTORUS_STACK:-}" in
