@@ -36,11 +36,12 @@ class Peers:
             raise errors.FailedPreconditionError(None, None, "incarnation changed")
 
 
-def monitor(peers: Peers, clock, timeout=30.0):
+def monitor(peers: Peers, clock, timeout=30.0, sleep=None):
     aborted = []
     m = peer_health.PeerHealthMonitor(
         [1, 2], task_of=lambda r: f"t{r}", address_of=lambda r: f"host{r}:7000",
-        timeout=timeout, interval=1.0, clock=clock, probe=peers, abort=aborted.append)
+        timeout=timeout, interval=1.0, clock=clock, probe=peers, abort=aborted.append,
+        sleep=sleep or (lambda seconds: setattr(clock, "now", clock.now + seconds)))
     return m, aborted
 
 
@@ -91,6 +92,27 @@ class VerdictTest(tf.test.TestCase):
         self.assertRegex(m.check_once(), r"rank 1 lost: .* never answered a probe since "
                                          r"start-up for 30 s")
 
+    def test_start_up_waits_until_every_peer_answers(self):
+        clock, peers = FakeClock(), Peers(t1="refused", t2="ok")
+
+        def sleep(seconds):  # peer 1's server comes up 5 s after the monitor's start
+            clock.now += seconds
+            if clock.now >= 105:
+                peers.state["t1"] = "ok"
+        m, aborted = monitor(peers, clock, timeout=30, sleep=sleep)
+        self.assertIsNone(m.wait_until_up())
+        self.assertAlmostEqual(clock.now, 105, delta=peer_health.START_POLL)
+        self.assertEqual(aborted, [])  # waiting aborts nothing
+        self.assertIsNone(m.check_once())
+
+    def test_start_up_names_the_peers_that_never_answered(self):
+        clock, peers = FakeClock(), Peers(t1="refused", t2="silent")
+        m, aborted = monitor(peers, clock, timeout=30)
+        message = m.wait_until_up()
+        self.assertRegex(message, r"^rank 1 \(host1:7000\), rank 2 \(host2:7000\) did not "
+                                  r"answer within 30 s .*TFTORUS_TF_TIMEOUT \(now 30 s\)")
+        self.assertEqual(aborted, [])
+
     def test_restarted_peer_is_lost_at_once(self):
         clock, peers = FakeClock(), Peers(t1="ok", t2="restarted")
         m, aborted = monitor(peers, clock)
@@ -136,6 +158,16 @@ class RealPeersTest(tf.test.TestCase):
         self.assertEqual(len(eager), 2, harness.describe(result))
         for g in eager:  # at most EAGER_TIMED_LIMIT calls hold TF's 2 threads each
             self.assertLess(g, 2 * EAGER_TIMED_LIMIT + 50, harness.describe(result))
+
+    def test_a_rank_that_starts_late_joins(self):
+        """Without the start-up wait, a probe refused before the late rank listened left gRPC's
+        channel backing off, and the first collective's fail-fast data call aborted both."""
+        result = harness.run_tf_config([harness.worker("late_start.py"), "--late", "1",
+                                        "--delay", "3"], np=2, timeout=180,
+                                       env={"TFTORUS_TF_TIMEOUT": "30"})
+        self.assertEqual(result.returncode, 0, harness.describe(result))
+        self.assertEqual(len(re.findall(r"gathered \[0\.0, 1\.0\]", result.output)), 2,
+                         harness.describe(result))
 
     def test_a_stopped_peer_ends_the_others_within_the_timeout(self):
         timeout = 8

@@ -227,6 +227,10 @@ class TFCollectiveCommunicator(Communicator):
             peer_health.peers_to_probe(self.rank, self.size, canonical), cluster.task,
             lambda r: cluster.workers[r], self.timeout)
         if cluster.size > 1:
+            not_up = self.health.wait_until_up()
+            if not_up:
+                raise CollectiveError(f"tftorus tf engine: the job's processes did not all "
+                                      f"come up: {not_up}")
             self.health.start()
 
     def register_groups(self, groups: Iterable[Sequence[int]]) -> None:

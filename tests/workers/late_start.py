@@ -1,0 +1,23 @@
+"""Worker (2+ ranks, TF_CONFIG): rank --late starts --delay seconds after the others, as ranks
+of a real job do (another host's slower start, a queue); then every rank runs collectives at
+once. Prints "[rank R] gathered [...]"; a rank whose first collective fails exits non-zero."""
+import argparse
+import json
+import os
+import time
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--late", type=int, default=1)
+parser.add_argument("--delay", type=float, default=3.0)
+args = parser.parse_args()
+if json.loads(os.environ["TF_CONFIG"])["task"]["index"] == args.late:
+    time.sleep(args.delay)  # before TensorFlow's import: the server comes up that much later
+
+import tensorflow as tf  # noqa: E402
+
+import tftorus as hvd  # noqa: E402
+
+hvd.init(engine="tf")
+for _ in range(5):
+    out = hvd.allgather(tf.constant([float(hvd.rank())]))
+print(f"[rank {hvd.rank()}] gathered {out.numpy().tolist()}", flush=True)
