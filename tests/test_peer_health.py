@@ -109,8 +109,9 @@ class VerdictTest(tf.test.TestCase):
         clock, peers = FakeClock(), Peers(t1="refused", t2="silent")
         m, aborted = monitor(peers, clock, timeout=30)
         message = m.wait_until_up()
-        self.assertRegex(message, r"^rank 1 \(host1:7000\), rank 2 \(host2:7000\) did not "
-                                  r"answer within 30 s .*TFTORUS_TF_TIMEOUT \(now 30 s\)")
+        self.assertRegex(message, r"^rank 1 \(host1:7000, refused: not started or exited\), "
+                                  r"rank 2 \(host2:7000, silent\) did not answer within 30 s "
+                                  r".*TFTORUS_TF_TIMEOUT \(now 30 s\)")
         self.assertEqual(aborted, [])
 
     def test_restarted_peer_is_lost_at_once(self):

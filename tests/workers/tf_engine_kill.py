@@ -9,6 +9,7 @@ the peer health monitor's clock starts) and exits 3; one that finishes the loop 
 failure: it should have noticed).
 """
 import argparse
+import json
 import os
 import signal
 import sys
@@ -28,12 +29,19 @@ parser.add_argument("--stop", action="store_true",
 parser.add_argument("--loop_seconds", type=float, default=120.0)
 opts = parser.parse_args()
 
+from tftorus.engines.tf_engine import CollectiveError, translate_errors  # noqa: E402
+
 began = time.monotonic()  # the peer health monitor starts inside init() and counts from there
-tftorus.init(engine="tf", collective_timeout=opts.timeout)
+try:
+    tftorus.init(engine="tf", collective_timeout=opts.timeout)
+except CollectiveError as e:  # init waits for every peer's first answer: a victim killed right
+    # after its own init may be gone before this rank's probe reached it
+    index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+    print(f"[rank {index}] FAILED after {time.monotonic() - began:.1f}s "
+          f"({time.monotonic() - began:.1f}s since init, in init): {e}", flush=True)
+    os._exit(3)
 
 import tensorflow as tf  # noqa: E402
-
-from tftorus.engines.tf_engine import CollectiveError, translate_errors  # noqa: E402
 
 rank = process_state.communicator().rank
 

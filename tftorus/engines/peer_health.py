@@ -111,11 +111,13 @@ class PeerHealthMonitor:
         connected. Measured on TF 2.21 without this wait: a rank starting 2, 3 or 4 s after
         the other ended a 2-rank job at its first collective every time."""
         waiting: List[int] = [p for p in self.peers if self._last_answer[p] is None]
+        refused: Dict[int, bool] = {}
         while True:
             for peer in list(waiting):
                 try:
                     self._probe(self._task_of(peer), int(PROBE_TIMEOUT * 1000))
-                except errors.OpError:
+                except errors.OpError as e:
+                    refused[peer] = isinstance(e, errors.UnavailableError)
                     continue
                 self._last_answer[peer] = self._clock()
                 waiting.remove(peer)
@@ -123,7 +125,10 @@ class PeerHealthMonitor:
                 return None
             elapsed = self._clock() - self._started
             if elapsed >= self.timeout:
-                names = ", ".join(f"rank {p} ({self._address_of(p)})" for p in waiting)
+                names = ", ".join(
+                    f"rank {p} ({self._address_of(p)}, "
+                    f"{'refused: not started or exited' if refused.get(p) else 'silent'})"
+                    for p in waiting)
                 return (f"{names} did not answer within {elapsed:.0f} s of this rank joining "
                         f"the cluster: start every process of the job with the same cluster "
                         f"(TF_CONFIG, launcher), check that this host reaches those addresses "
