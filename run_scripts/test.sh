@@ -28,7 +28,9 @@
 # checked before TensorFlow loads; srun/mpirun launches on current only), the main job at 182
 # images/s: 73.4 min (current 40.8, classic 30.6). At 210d9e8 on a machine whose main job ran at 366
 # images/s the current stack's tests took 37.5 min: the main job's speed does not predict the
-# tests', which mostly start processes. Each stack's summary says how long its cores sat idle.
+# tests', which mostly start processes. At 73d88a4 (2026-12-01), the main job at 373 images/s:
+# 59.7 min with set-up (current 31.7 min of tests, 5.3 of them idle; classic 26.3).
+# Each stack's summary says how long its cores sat idle.
 set -uo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 case "${TFTORUS_STACK:-}" in

@@ -15,9 +15,11 @@ if json.loads(os.environ["TF_CONFIG"])["task"]["index"] == args.late:
 
 import tensorflow as tf  # noqa: E402
 
-import tftorus as hvd  # noqa: E402
+import tftorus  # noqa: E402
+from tftorus.runtime import process_state  # noqa: E402
 
-hvd.init(engine="tf")
+tftorus.init(engine="tf")
+comm = process_state.communicator()  # the tf engine's, on both stacks
 for _ in range(5):
-    out = hvd.allgather(tf.constant([float(hvd.rank())]))
-print(f"[rank {hvd.rank()}] gathered {out.numpy().tolist()}", flush=True)
+    out = comm.all_gather(tf.constant([float(comm.rank)]), comm.all_ranks())
+print(f"[rank {comm.rank}] gathered {out.numpy().tolist()}", flush=True)

@@ -4,8 +4,9 @@ Every rank runs torus all-reduces in a tf.function loop. The victim kills itself
 (from a timer thread, so mid-collective) `--kill_after` seconds into the loop, or before its first
 collective with --kill_before_first (its peers then wait in a collective nobody else joins).
 A survivor prints "[rank r] FAILED after <s>s (<i>s since init): <message>" (seconds since the
-loop began, or since the first collective when that failed; and since before tftorus.init(), where
-the peer health monitor's clock starts) and exits 3; one that finishes the loop exits 0 (a test
+loop began, or since the first collective when that failed, or since before tftorus.init() when
+init's wait for every peer failed; and since before tftorus.init(), where the peer health
+monitor's clock starts) and exits 3; one that finishes the loop exits 0 (a test
 failure: it should have noticed).
 """
 import argparse
