@@ -175,7 +175,7 @@ pip_quiet install --quiet --upgrade "pip<25" "setuptools<70" wheel packaging
 # 1) TensorFlow first: Horovod compiles against the TensorFlow it finds.
 if [ "$gpu" = 1 ]; then extra=gpu; else extra=cpu; fi
 log "installing tftorus[$extra] (TensorFlow 2.15.1 stack)"
-pip_quiet install --quiet -e "$repo[$extra,test]"
+pip_quiet install --quiet -e "$repo[$extra,test,figures]"
 
 # 2) Horovod from source, against that TensorFlow.
 need_build=1

@@ -118,6 +118,11 @@ class Hosts:
             os.makedirs(f"/etc/netns/{ns}", exist_ok=True)  # `ip netns exec` mounts these
             with open(f"/etc/netns/{ns}/hosts", "w") as f:
                 f.write(f"127.0.0.1 localhost\n{names}")
+            # names come from that file; the machine's name server is out of the emulated
+            # network's reach, so an unknown name would wait out the resolver's retries (about
+            # 10 s): here it asks loopback, where nothing answers, and fails at once
+            with open(f"/etc/netns/{ns}/resolv.conf", "w") as f:
+                f.write("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
 
     def _keys(self) -> None:
         self.host_key = os.path.join(self.dir, "host_key")

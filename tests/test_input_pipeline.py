@@ -1,6 +1,6 @@
-"""The ImageNet input pipeline on real JPEG photos (matplotlib's sample photo, and its sample
-PNG photo encoded as JPEG), written in the layout of TensorFlow's ImageNet conversion; and the
-embedded set read through it."""
+"""The ImageNet input pipeline on JPEG photos (on the classic stack matplotlib's sample photo and
+its sample PNG photo encoded as JPEG; on the current stack two drawn by Pillow: sample_photos),
+written in the layout of TensorFlow's ImageNet conversion; and the embedded set read through it."""
 import io
 import os
 import shutil
@@ -8,7 +8,6 @@ import tempfile
 import unittest
 from unittest import mock
 
-import matplotlib
 import numpy as np
 import tensorflow as tf
 from PIL import Image
@@ -19,9 +18,16 @@ from tftorus.runtime import stack
 
 
 def sample_photos():
-    """Two JPEG photos of different sizes, as bytes: the one matplotlib ships, and its PNG photo
-    encoded as JPEG by Pillow. (Not scikit-learn's: installed, it is imported by every Keras 3
-    start, 0.7 s in each of the test suite's processes.)"""
+    """Two JPEGs of different sizes, as bytes. Where matplotlib is installed (the classic stack),
+    real photos: the one it ships, and its PNG photo encoded as JPEG by Pillow. The current stack
+    leaves matplotlib out (pyproject.toml's `figures` extra): Keras 3 imports matplotlib.pyplot at
+    every start when it is there, about 0.6 s of CPU in each of the test suite's processes (as
+    scikit-learn would, 0.7 s). There Pillow draws two photo-like images: smooth colour
+    gradients under sensor-like noise, 600 x 512 and 128 x 128 as the photos are."""
+    try:
+        import matplotlib
+    except ImportError:
+        return [drawn_photo(600, 512, seed=0), drawn_photo(128, 128, seed=1)]
     data = os.path.join(matplotlib.get_data_path(), "sample_data")
     with open(os.path.join(data, "grace_hopper.jpg"), "rb") as f:
         photos = [f.read()]
@@ -29,6 +35,16 @@ def sample_photos():
     Image.open(os.path.join(data, "Minduka_Present_Blue_Pack.png")).convert("RGB").save(
         out, "JPEG", quality=90)
     return photos + [out.getvalue()]
+
+
+def drawn_photo(height: int, width: int, seed: int) -> bytes:
+    rng = np.random.RandomState(seed)
+    y, x = np.mgrid[0:height, 0:width] / max(height, width)
+    channels = [np.sin(2 * np.pi * (a * x + b * y) + c) for a, b, c in rng.uniform(0, 2, (3, 3))]
+    image = 127.5 * (1 + np.stack(channels, -1)) + rng.normal(0, 8, (height, width, 3))
+    out = io.BytesIO()
+    Image.fromarray(np.clip(image, 0, 255).astype(np.uint8)).save(out, "JPEG", quality=90)
+    return out.getvalue()
 
 
 PHOTOS = sample_photos()
