@@ -30,6 +30,8 @@
 # images/s the current stack's tests took 37.5 min: the main job's speed does not predict the
 # tests', which mostly start processes. At 73d88a4 (2026-12-01), the main job at 373 images/s:
 # 59.7 min with set-up (current 31.7 min of tests, 5.3 of them idle; classic 26.3).
+# 57cc785 (2026-12-02; the current stack without matplotlib), the main job at 347 images/s:
+# 59.6 min (current 31.9, 5.2 idle; classic 26.0).
 # Each stack's summary says how long its cores sat idle.
 set -uo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
