@@ -20,10 +20,7 @@ from tftorus.runtime import stack
 def sample_photos():
     """Two JPEGs of different sizes, as bytes. Where matplotlib is installed (the classic stack),
     real photos: the one it ships, and its PNG photo encoded as JPEG by Pillow. The current stack
-    leaves matplotlib out (pyproject.toml's `figures` extra): Keras 3 imports matplotlib.pyplot at
-    every start when it is there, about 0.6 s of CPU in each of the test suite's processes (as
-    scikit-learn would, 0.7 s). There Pillow draws two photo-like images: smooth colour
-    gradients under sensor-like noise, 600 x 512 and 128 x 128 as the photos are."""
+    leaves matplotlib out (pyproject.toml says why); there Pillow draws two of the photos' sizes."""
     try:
         import matplotlib
     except ImportError:
@@ -38,6 +35,7 @@ def sample_photos():
 
 
 def drawn_photo(height: int, width: int, seed: int) -> bytes:
+    """A photo-like JPEG: smooth colour gradients under sensor-like noise."""
     rng = np.random.RandomState(seed)
     y, x = np.mgrid[0:height, 0:width] / max(height, width)
     channels = [np.sin(2 * np.pi * (a * x + b * y) + c) for a, b, c in rng.uniform(0, 2, (3, 3))]
