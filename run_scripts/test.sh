@@ -45,11 +45,12 @@ export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
 export CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES-}"  # the tests are CPU tests
 cd "$repo"
 tier=()
+lanes=0  # the default tier and --all: two lanes at once (run_stack)
 case "${1:-}" in
   --slow) tier=(-m slow); shift ;;
-  --all) shift ;;
+  --all) lanes=1; shift ;;
   --quick) tier=(-m "not slow and not launches"); export TFTORUS_TEST_TIER=quick; shift ;;
-  *) if [ "$#" -eq 0 ]; then tier=(-m "not slow"); fi ;;
+  *) if [ "$#" -eq 0 ]; then tier=(-m "not slow"); lanes=1; fi ;;
 esac
 tier_run=0
 if [ "$#" -eq 0 ]; then set -- tests; tier_run=1; fi
@@ -71,8 +72,29 @@ run_stack() {  # run_stack STACK PYTEST-ARGS...
     TFTORUS_STACK="$stack" bash "$repo/run_scripts/setup.sh" || return
   fi
   local rc=0
-  "$venv/bin/python" -m pytest -p no:cacheprovider -q -rfEs --durations=60 \
-    ${tier[@]+"${tier[@]}"} "$@" || rc=$?
+  if [ "$lanes" = 1 ]; then
+    # Two lanes at once. The tests that start processes keep the cores busy only in bursts (a
+    # world importing TensorFlow, then ranks waiting on each other), and they run as before,
+    # with those that time themselves in one process (conftest.py's ALONE). The tests that
+    # start no process run beside them, in one process that the harness refuses any launch,
+    # and mostly fill the idle core: about 2 minutes of each stack's CI (2026-12-02).
+    local beside beside_pid beside_rc=0 tier_expr="${tier[1]:-}"
+    beside="$(mktemp "${TMPDIR:-/tmp}/tftorus-in-process-tests.XXXXXX")"
+    TFTORUS_TEST_TIER=quick "$venv/bin/python" -m pytest -p no:cacheprovider -q -rfEs \
+      --durations=20 -m "${tier_expr:+($tier_expr) and }not launches and not alone" "$@" \
+      >"$beside" 2>&1 &
+    beside_pid=$!
+    "$venv/bin/python" -m pytest -p no:cacheprovider -q -rfEs --durations=60 \
+      -m "${tier_expr:+($tier_expr) and }(launches or alone)" "$@" || rc=$?
+    wait "$beside_pid" || beside_rc=$?
+    echo "[test] $stack stack, beside the tests above: the tests that start no process"
+    cat "$beside"
+    rm -f "$beside"
+    if [ "$rc" = 0 ]; then rc="$beside_rc"; fi
+  else
+    "$venv/bin/python" -m pytest -p no:cacheprovider -q -rfEs --durations=60 \
+      ${tier[@]+"${tier[@]}"} "$@" || rc=$?
+  fi
   if [ "$stack" = current ] && [ "$rc" = 5 ] && [ "$tier_run" = 1 ]; then
     # conftest.py fails a run that collects none of CURRENT_STACK, so this is the tier: empty here
     echo "[test] current stack: none of its tests (tests/conftest.py's CURRENT_STACK) is in this tier"

@@ -3,11 +3,11 @@
 At N = 4 and 6 every grid Y x X with Y * X = N is tried (at N = 6: 6x1, 3x2, 2x3, 1x6), over
 six dtypes, odd and multi-dim shapes, scalars, empty tensors, sizes smaller than the row,
 FP16/BF16 wire compression and several fusion thresholds; the chunk pipeline against no chunks,
-bit for bit; the dtypes 16-bit compression hands to the collectives. N = 12 (6 x 2, 4 x 3,
-3 x 4, 2 x 6: rows and columns of 2, 3, 4 and 6 ranks, as a 3 x 3 world has rows of 3) checks
-the grids with both a row and a column phase, each tensor alone and fused, on three dtypes
-(--light). No N = 8: its two such grids (4 x 2, 2 x 4) have rows and columns of 2 and 4 ranks,
-which N = 12's grids have too.
+bit for bit; the dtypes 16-bit compression hands to the collectives. N = 8 (4 x 2, 2 x 4: rows
+and columns of 4 ranks in a grid with both a row and a column phase, which N = 4 and 6 lack)
+checks those two grids, each tensor alone and fused, on three dtypes (--light). Rows of 6 in
+such a grid (N = 12) are the tf engine's twelve-rank job (tests/test_tf_engine.py): the torus
+schedule is the same code on both engines, and a twelve-rank Horovod world took 118 s of CI.
 """
 import tensorflow as tf
 
@@ -44,8 +44,8 @@ class AllreduceMultiprocessTest(tf.test.TestCase):
     def test_six_ranks(self):
         self.check_world(6)
 
-    def test_twelve_ranks(self):
-        self.check_world(12, "--light")
+    def test_eight_ranks(self):
+        self.check_world(8, "--light")
 
 
 if __name__ == "__main__":

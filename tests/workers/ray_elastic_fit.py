@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-FEATURES, ROWS, BATCHES, EPOCHS, LR = 5, 4, 10, 3, 0.05
+FEATURES, ROWS, BATCHES, EPOCHS, LR = 5, 4, 10, 2, 0.05
 STEP_SECONDS = 0.25  # each step waits, so the node is killed mid-epoch
 WORK = tempfile.mkdtemp(prefix="tftorus_ray_")  # the nodes share this machine's disk
 PROGRESS = os.path.join(WORK, "progress")  # rank 0's "size epoch batch" after each step
@@ -171,7 +171,8 @@ def main():
                 time.sleep(0.1)
             sys.exit(f"timed out waiting for {what}")
 
-        p = wait_for("4 workers mid-epoch 1", lambda n, e, b, t: n == 4 and e == 1 and b >= 3)
+        # early in epoch 0: the epoch's end and the next epoch then run on the regrown world
+        p = wait_for("4 workers mid-epoch 0", lambda n, e, b, t: n == 4 and e == 0 and b >= 3)
         cluster.remove_node(nodes[1])  # in the main thread: Ray's add_node needs it too
         lost = time.time()
         print(f"KILLED a worker node at epoch {p[1]} batch {p[2]}", flush=True)
