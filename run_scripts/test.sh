@@ -3,7 +3,7 @@
 # runs one). Each stack is set up first if needed (run_scripts/setup.sh; with both stacks the
 # classic set-up runs in the background while the current stack is tested). Classic runs unit tests
 # and multi-process tests, which start real `horovodrun --gloo` jobs on this machine (N = 1 to
-# 12 local processes); current (TensorFlow 2.21, Keras 3, no Horovod) runs the tests
+# 8 local processes); current (TensorFlow 2.21, Keras 3, no Horovod) runs the tests
 # tests/conftest.py lists in CURRENT_STACK, in the same tiers.
 #
 #   bash run_scripts/test.sh                 # the default tier

@@ -136,6 +136,7 @@ class Coordinator:
         self.server.setblocking(False)
         self.port = self.server.getsockname()[1]
         self.nodes: Dict[int, Tuple[Channel, dict]] = {}
+        self.started = False  # the ranks' plan was sent: before it, no rank runs anywhere
         self.result: Optional[Tuple[int, str]] = None
         self.stop_request: Optional[Tuple[int, str]] = None  # from the launcher (a signal)
         self.refused = 0
@@ -220,6 +221,7 @@ class Coordinator:
             address = f"[{address}]" if ":" in address else address
             workers += [f"{address}:{port}" for port in info["ports"]]
             hosts += [info["host"]] * info["nproc"]
+        self.started = True
         for node, (channel, _) in self.nodes.items():
             channel.send({"t": "start", "workers": workers, "hosts": hosts,
                           "first": first[node]})

@@ -33,6 +33,9 @@ FORWARDED_PREFIXES = ("TFTORUS_", "HOROVOD_", "TF_", "CUDA_", "NCCL_", "PYTHON",
 #: never forwarded: each rank gets its own, or (the secret) it goes by standard input
 NOT_FORWARDED = ("TF_CONFIG", job_secret.ENV, job_secret.ENV_FILE, "PYTHONHOME")
 SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "ConnectTimeout=10")
+#: a job stopped before any rank started: how long the node launchers that registered get to
+#: say so before every launcher is ended
+STOPPED_BEFORE_START_SECONDS = 1.0
 RUN_PY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "run.py")
 
 
@@ -282,9 +285,13 @@ def _wait(job: SshJob, coordinator: multi_node.Coordinator, grace: float) -> int
                     f"with status {code}" + (f": {said}" if said else ""))
         if coordinator.result is not None or coordinator.stop_request is not None:
             stopping_since = stopping_since or time.monotonic()
-            # the node launchers stop their ranks (grace), then exit; ssh ends with them
-            if not job.running() or time.monotonic() - stopping_since > grace + \
-                    2 * multi_node.LOST_SECONDS:
+            # the node launchers stop their ranks (grace), then exit; ssh ends with them. Ended
+            # before the start (a host ssh cannot reach): no rank runs anywhere, and a node
+            # launcher that registers now would wait for a start that never comes (killed below)
+            wait = grace + 2 * multi_node.LOST_SECONDS
+            if coordinator.result is not None and not coordinator.started:
+                wait = STOPPED_BEFORE_START_SECONDS
+            if not job.running() or time.monotonic() - stopping_since > wait:
                 break
     coordinator.join(timeout=2 * multi_node.LOST_SECONDS)
     for _ in range(20):  # what is still in the pipes
