@@ -130,7 +130,8 @@ def run_ray_train():
     trainer = TensorflowTrainer(
         train_fn, scaling_config=ray.train.ScalingConfig(
             num_workers=(2, 4), resources_per_worker={"CPU": 1},
-            elastic_resize_monitor_interval_s=10),
+            # the added node is seen within 5 s: the last world of 4 has steps left to run
+            elastic_resize_monitor_interval_s=5),
         run_config=ray.train.RunConfig(
             name="elastic_fit", storage_path=os.path.join(WORK, "ray_results"),
             failure_config=ray.train.FailureConfig(max_failures=3),
