@@ -31,7 +31,10 @@
 # tests', which mostly start processes. At 73d88a4 (2026-12-01), the main job at 373 images/s:
 # 59.7 min with set-up (current 31.7 min of tests, 5.3 of them idle; classic 26.3).
 # 57cc785 (2026-12-02; the current stack without matplotlib), the main job at 347 images/s:
-# 59.6 min (current 31.9, 5.2 idle; classic 26.0).
+# 59.6 min (current 31.9, 5.2 idle; classic 26.0). 2a57150 (the two lanes below; slow jobs whose
+# code is the same on both stacks on current only; Horovod's widest world 8 ranks), the main job
+# at 436 images/s: 50.6 min (current 29.1 + 3.3 beside, classic 20.0 + 4.1 beside); cd94cfc
+# (Ray's jobs shorter, an unreachable host ends at once): 50.0 min (29.2 + 3.4, 18.9 + 3.7).
 # Each stack's summary says how long its cores sat idle.
 set -uo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
