@@ -49,6 +49,11 @@ class UserFitCase(tf.test.TestCase):
             # reduced after the loss scale's division (else the FP16 wire overflows to inf)
             # and before clipping (else the mean would be of clipped gradients)
             self.assertAllClose(report["order_check"], order, rtol=1e-3)
+            # traced as it is, not rewritten by AutoGraph (tftorus/runtime/plain_python.py);
+            # the user's own step that calls tftorus still is (the hook's control)
+            self.assertEqual(report["tftorus_converted"], [])
+            self.assertEqual(report["user_converted"], ["__main__.main.<locals>.user_step"])
+            self.assertAlmostEqual(report["user_step"], (WORKERS + 1) / 2)
             if report["averaged_metrics"]:
                 logs.append([(log["loss"], log["hit_rate"]) for log in report["logs"]])
         for other in logs[1:]:  # MetricAverageCallback: every rank logs the world's metrics

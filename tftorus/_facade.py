@@ -1,5 +1,6 @@
 """What `import tftorus` gives (tftorus/__init__.py says what and where from)."""
 from tftorus.horovod_api.process_sets import init
+from tftorus.runtime import plain_python
 # modules the guide names by their public paths: tftorus.world (rank, size, barrier, ... on either
 # engine), tftorus.stack (HorovodRequired), tftorus.compression (Horovod's submodule name)
 from tftorus.runtime import stack, world
@@ -11,6 +12,9 @@ from tftorus.torus.compression import Compression  # adds bf16 to Horovod's choi
 from tftorus.torus.grid import PAPER_GRIDS, GridError, TorusGrid, plan_grid, resolve_grid
 
 __version__ = "0.1.0"
+
+plain_python.exempt_from_autograph()  # before any step is traced: tftorus runs as it is there
+del plain_python
 
 _OWN = [
     "init", "shutdown", "DistributedOptimizer", "DistributedGradientTape", "Compression",

@@ -14,8 +14,9 @@ the weights and average the metrics. Each rank writes its weights and fit's logs
 compares the weights with `reference`, float64 NumPy of the same updates.
 
 Before the fit, `order_check` shows where the gradients are reduced: after a LossScaleOptimizer's
-division and before clipping (see its docstring). This module's top level is NumPy only, for
-the test to import.
+division and before clipping (see its docstring). The report also names every function of
+tftorus that AutoGraph converted while the steps were traced: none should be
+(tftorus/runtime/plain_python.py). This module's top level is NumPy only, for the test to import.
 """
 import json
 import os
@@ -114,9 +115,23 @@ def order_check(tf, hvd, rank):
     return [float(v) for v in variable.numpy()]
 
 
+def count_conversions():
+    """The names of the functions AutoGraph converts from now on (TensorFlow's private hook:
+    every conversion passes through api._convert_actual)."""
+    from tensorflow.python.autograph.impl import api
+    names, convert = [], api._convert_actual
+
+    def counting(entity, program_ctx):
+        names.append(f"{getattr(entity, '__module__', '?')}.{getattr(entity, '__qualname__', '?')}")
+        return convert(entity, program_ctx)
+    api._convert_actual = counting
+    return names
+
+
 def main(out_dir):
     import tensorflow as tf
 
+    converted = count_conversions()
     import tftorus
     import tftorus.keras as hvd  # the one-line change from horovod.tensorflow.keras
 
@@ -151,6 +166,15 @@ def main(out_dir):
     model.fit(ds, epochs=FIRST_FIT_EPOCHS, steps_per_epoch=STEPS, callbacks=callbacks, verbose=0)
     model.fit(ds, initial_epoch=FIRST_FIT_EPOCHS, epochs=EPOCHS, steps_per_epoch=STEPS, callbacks=callbacks,
               verbose=0)
+
+    reduce = tftorus.gradient_reducer()
+
+    @tf.function
+    def user_step(x):  # a custom loop's step: AutoGraph converts it, and only it
+        if x < 0:
+            x = -x
+        return reduce([x])[0]
+    stepped = float(user_step(tf.constant(-float(rank + 1))))  # the mean of 1..size
     os.makedirs(out_dir, exist_ok=True)
     np.savez(os.path.join(out_dir, f"rank{rank}.npz"),
              *[w.astype(np.float64) for w in model.get_weights()])
@@ -161,7 +185,10 @@ def main(out_dir):
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump({"logs": logs, "reloaded": type(reloaded.optimizer).__name__,
                    "reloaded_weights_equal": same, "order_check": ordered,
-                   "averaged_metrics": averaged_metrics}, f)
+                   "averaged_metrics": averaged_metrics,
+                   "tftorus_converted": [n for n in converted if n.startswith("tftorus.")],
+                   "user_converted": [n for n in converted if n.endswith(".user_step")],
+                   "user_step": stepped}, f)
     tftorus.shutdown()
     print(f"rank {rank}/{size} done", flush=True)
 

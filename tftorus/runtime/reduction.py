@@ -552,7 +552,8 @@ def make_allreduce_grads_fn(name: str, compression, sparse_as_dense: bool, op,
             return allreduce_grads(grads, vars, use_generic_names)
         if process_state.generation() not in eager_fns:
             eager_fns.clear()
-            eager_fns[process_state.generation()] = tf.function(allreduce_grads)
+            eager_fns[process_state.generation()] = tf.function(allreduce_grads,
+                                                                autograph=False)
         return eager_fns[process_state.generation()](grads, vars, use_generic_names)
 
     return reduce_in_place
