@@ -8,6 +8,10 @@ the tf engine converted 99 of tftorus' functions, 4.4-5.3 s of each rank's CPU, 
 of what the rank did after importing TensorFlow (tests/workers/user_fit_accumulation.py, 3
 ranks on 2 cores: 16.5 s against 9.0 s for the job, 2026-12-02).
 
+Your own functions stay converted where AutoGraph meets them: a tf.function of yours, and what
+it calls. One that tftorus itself calls while a step is traced (a Compression class of your own)
+runs as it is, as it would in a TF1 graph: branch on tensors there with tf.cond.
+
 TensorFlow keeps the modules it never converts in a list of rules (autograph.core.config, as
 for `tensorflow` itself); tftorus adds its own package there. That list is not public API: where
 a TensorFlow lacks it, functions that say so one by one (tf.autograph.experimental.
