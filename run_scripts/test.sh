@@ -7,8 +7,10 @@
 # tests/conftest.py lists in CURRENT_STACK, in the same tiers.
 #
 #   bash run_scripts/test.sh                 # the default tier
+#   bash run_scripts/test.sh --ci            # what CI runs: both tiers but the slow tests'
+#                                            #   bigger siblings (tests/conftest.py's WIDER)
 #   bash run_scripts/test.sh --slow          # the slow tier (tests/conftest.py lists it)
-#   bash run_scripts/test.sh --all           # both tiers (what CI runs)
+#   bash run_scripts/test.sh --all           # both tiers, every test
 #   bash run_scripts/test.sh --quick         # the default tier's tests that start no process
 #   bash run_scripts/test.sh tests/test_grid.py -k planner   # these tests, whatever their tier
 #   TFTORUS_STACK=current bash run_scripts/test.sh --quick  # one stack
@@ -18,7 +20,7 @@
 # keeps .venv-current. A current-stack run that collects no test fails; one whose tier holds none
 # of its tests (say --slow) passes, saying so.
 #
-# CI (.ci/run) runs --all. Measured on 2 cores from a fresh clone (2026-11-28, 0e60207, the main
+# CI (.ci/run) runs --ci (until 2026-12-02, --all). Measured on 2 cores from a fresh clone (2026-11-28, 0e60207, the main
 # job at 482 images/s): --all on both stacks 33.0 min with set-up (current 14.7 min of tests,
 # classic 17.3); the default tier 9.1 min with set-up done (987abf4, 442 images/s);
 # --quick about a minute per stack. On a slow machine (2026-11-28, 15eea1c, the main job at
@@ -51,6 +53,7 @@ tier=()
 lanes=0  # the default tier and --all: two lanes at once (run_stack)
 case "${1:-}" in
   --slow) tier=(-m slow); shift ;;
+  --ci) tier=(-m "not wider"); lanes=1; shift ;;
   --all) lanes=1; shift ;;
   --quick) tier=(-m "not slow and not launches"); export TFTORUS_TEST_TIER=quick; shift ;;
   *) if [ "$#" -eq 0 ]; then tier=(-m "not slow"); lanes=1; fi ;;

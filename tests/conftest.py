@@ -112,6 +112,42 @@ SLOW = {
 }
 
 
+# The slow tier's bigger siblings, each -> the lighter check of the same code CI keeps: a wider
+# world, the same check on the other engine, or every case of a list CI samples. CI
+# (`run_scripts/test.sh --ci`, .ci/run) leaves them out, to stay within 35 minutes on 2 cores
+# (2026-12-02: 7 of its minutes); `--all` and `--slow` run them. Run `--all` before changing
+# what they cover (the torus schedule, the tf engine's groups, bad-input messages, the
+# launchers' discovery, lost peers).
+WIDER = {
+    "tests/test_allreduce_multiprocess.py::AllreduceMultiprocessTest::test_six_ranks":
+        "every grid of 4 ranks (test_four_ranks); 8 ranks' grids with a row and a column phase",
+    "tests/test_tf_engine.py::TFEngineJobsTest::test_twelve_ranks_task_name_order":
+        "TensorFlow's member order of 10+ tasks (test_tf_engine's tf_member_order unit test); "
+        "the 2- and 4-rank tf engine jobs; 8 ranks on Horovod's engine (same torus code)",
+    "tests/test_horovod_collectives.py::CollectivesOnWorldsTest::test_four_ranks":
+        "the same checks on 2 and 3 ranks",
+    "tests/test_bad_input.py::BadInputTest::test_every_bad_input_fails_clearly":
+        "test_bad_arguments_fail_where_they_are_given; train.py's bad input",
+    "tests/test_bad_input_surface.py::BadInputSurfaceTest::"
+    "test_every_case_fails_clearly_and_keeps_what_was_there":
+        "test_a_saved_run_keeps_every_byte",
+    "tests/test_train_script.py::TrainScriptTest::"
+    "test_experiments_ref_1_and_4_end_to_end_with_tensorboard":
+        "Exp. 2 and 3 end to end (with TensorBoard's scalars); every experiment's plan",
+    "tests/test_user_fit.py::LaunchWithoutHorovodTest::test_slurm_srun_environment":
+        "SchedulerEnvironmentTest's launches from srun's variables; a user's fit under TF_CONFIG",
+    "tests/test_user_fit.py::LaunchWithoutHorovodTest::test_open_mpi_mpirun_environment":
+        "SchedulerEnvironmentTest's launches from mpirun's variables; a user's fit under "
+        "TF_CONFIG",
+    "tests/test_peer_health.py::RealPeersTest::"
+    "test_a_stopped_peer_ends_the_others_within_the_timeout":
+        "test_worker_loss' stopped worker on the tf engine (the same heartbeats, in a job)",
+    "tests/test_worker_loss.py::WorkerLossTest::test_killed_worker_horovod_engine":
+        "the stopped worker on Horovod's engine; the killed worker on the tf engine",
+    "tests/test_paper_scale.py::PlanModeTest::test_the_issues_commands":
+        "test_every_experiment_at_the_papers_gpu_counts",
+}
+
 # test classes (or single tests) that start processes: worlds under horovodrun, TF_CONFIG
 # processes, run_scripts/*.py end to end, or one `python -c`
 LAUNCHES = (
@@ -289,6 +325,11 @@ def launches(nodeid: str) -> bool:
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: the slow tier (bash run_scripts/test.sh --slow)")
+    config.addinivalue_line("markers", "wider: a slow test's bigger sibling, not in CI (WIDER)")
+    not_slow = set(WIDER) - set(SLOW)
+    if not_slow:
+        raise pytest.UsageError(f"tests/conftest.py: WIDER lists tests SLOW does not: "
+                                f"{sorted(not_slow)}")
     config.addinivalue_line("markers", "launches: starts processes; not in the quick tier")
     config.addinivalue_line("markers", "alone: times itself; never beside a launch (ALONE)")
 
@@ -330,6 +371,8 @@ def pytest_collection_modifyitems(session, config, items):
     for item in items:
         if item.nodeid in SLOW:
             item.add_marker(pytest.mark.slow)
+        if item.nodeid in WIDER:
+            item.add_marker(pytest.mark.wider)
         if launches(item.nodeid):
             item.add_marker(pytest.mark.launches)
         if any(_under(item.nodeid, entry) for entry in ALONE):

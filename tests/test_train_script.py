@@ -64,6 +64,13 @@ class TrainScriptTest(harness.EmbeddedDataCase, tf.test.TestCase):
         self.assertIn("Table 6 style | workers 2", result.output)
         for name in ("config.json", "summary.json", "tensorboard", "checkpoints"):
             self.assertTrue(os.path.exists(os.path.join(model_dir, name)), name)
+        board = os.path.join(model_dir, "tensorboard")  # the scalars a user looks at
+        for tag in ("loss", "train_top1", "top1", "lr", "momentum", "total_batch",
+                    "images_per_sec"):
+            self.assertTrue(scalars(board, tag), f"no {tag} in TensorBoard")
+        self.assertEqual({v for _, v in scalars(board, "total_batch")}, {216, 256})
+        steps = [step for step, _ in scalars(board, "loss")]
+        self.assertEqual(steps, sorted(steps))  # samples seen: the common axis
         # Every worker out of fit within seconds of the last epoch: the summary waits for all
         # of them, and a tf.data autotuning thread once kept one there up to a minute
         with open(os.path.join(model_dir, "summary.json")) as f:
