@@ -37,6 +37,9 @@
 # code is the same on both stacks on current only; Horovod's widest world 8 ranks), the main job
 # at 436 images/s: 50.6 min (current 29.1 + 3.3 beside, classic 20.0 + 4.1 beside); cd94cfc
 # (Ray's jobs shorter, an unreachable host ends at once): 50.0 min (29.2 + 3.4, 18.9 + 3.7).
+# a02ddc9 (tftorus no longer converted by AutoGraph), the main job at 338 images/s: 51.5 min
+# (current 30.7 + 6.0 beside, classic 19.0 + 3.5); the tests WIDER leaves out of --ci took 7.6.
+# c87a17a, --ci, the same machine: 43.8 min (current 25.2 + 3.1, classic 16.7 + 4.5).
 # Each stack's summary says how long its cores sat idle.
 set -uo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -32,4 +32,3 @@ def exempt_from_autograph() -> bool:
     if not any(isinstance(r, config.DoNotConvert) and r.matches(PACKAGE) for r in rules):
         config.CONVERSION_RULES = (rule, *rules)
     return True
-
