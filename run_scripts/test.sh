@@ -20,8 +20,8 @@
 # keeps .venv-current. A current-stack run that collects no test fails; one whose tier holds none
 # of its tests (say --slow) passes, saying so.
 #
-# CI (.ci/run) runs --ci (until 2026-12-02, --all). Measured on 2 cores from a fresh clone (2026-11-28, 0e60207, the main
-# job at 482 images/s): --all on both stacks 33.0 min with set-up (current 14.7 min of tests,
+# CI (.ci/run) runs --ci (until 2026-12-02, --all). Measured on 2 cores from a fresh clone
+# (2026-11-28, 0e60207, the main job at 482 images/s): --all on both stacks 33.0 min with set-up (current 14.7 min of tests,
 # classic 17.3); the default tier 9.1 min with set-up done (987abf4, 442 images/s);
 # --quick about a minute per stack. On a slow machine (2026-11-28, 15eea1c, the main job at
 # 194-205 images/s) --all took 62.4 min with set-up (current 28.8 min of tests, classic 32.0).

@@ -3,10 +3,11 @@
 `bash run_scripts/test.sh` runs the default tier; `--slow` runs the slow tier (the heaviest
 multi-process jobs, each the bigger sibling of a check the default tier makes too); `--all`
 runs both; `--quick` runs the default tier's tests that start no process (the inner loop). CI
-(.ci/run) runs `--all`. A test is slow by being listed in SLOW, with its time on the 2-core CI
-machine, and launches by being (or being in a class) listed in LAUNCHES, so the tiers can be
-read in one place. In the quick tier tests/harness.py refuses to start a process, so a test
-that launches but is not listed fails there, naming this file.
+(.ci/run) runs `--ci`: both tiers but WIDER, the slow tests' bigger siblings. A test is slow
+by being listed in SLOW, with its time on the 2-core CI machine, and launches by being (or
+being in a class) listed in LAUNCHES, so the tiers can be read in one place. In the quick tier
+tests/harness.py refuses to start a process, so a test that launches but is not listed fails
+there, naming this file.
 
 Two stacks run the suite (TFTORUS_STACK in run_scripts/test.sh): classic (TensorFlow 2.15 with
 Horovod) runs every test but CURRENT_ONLY's; current (TensorFlow 2.21, Keras 3, no Horovod) runs
@@ -115,7 +116,7 @@ SLOW = {
 # The slow tier's bigger siblings, each -> the lighter check of the same code CI keeps: a wider
 # world, the same check on the other engine, or every case of a list CI samples. CI
 # (`run_scripts/test.sh --ci`, .ci/run) leaves them out, to stay within 35 minutes on 2 cores
-# (2026-12-02: 7 of its minutes); `--all` and `--slow` run them. Run `--all` before changing
+# (2026-12-02: 7.6 of its minutes); `--all` and `--slow` run them. Run `--all` before changing
 # what they cover (the torus schedule, the tf engine's groups, bad-input messages, the
 # launchers' discovery, lost peers).
 WIDER = {
