@@ -238,7 +238,7 @@ def forgeries():
 
 
 class AttackedJobTest(harness.EmbeddedDataCase, unittest.TestCase):
-    """Exp. 2 for 2 epochs on 2 ranks with the job's secret; one run undisturbed, one sent
+    """Exp. 2 for 1 epoch on 2 ranks with the job's secret; one run undisturbed, one sent
     forged datagrams on every UDP socket of every rank for 8 s from the moment its watchdog
     listens, each forgery once a second (a flood can drown any UDP heartbeat; these are
     forgeries). Issue 61: the attacked job finishes, with the undisturbed run's history digit for
@@ -247,7 +247,7 @@ class AttackedJobTest(harness.EmbeddedDataCase, unittest.TestCase):
 
     def args(self, engine, model_dir):
         args = [harness.TRAIN, f"--flagfile={harness.FLAGFILE}", f"--data_dir={self.data}",
-                f"--model_dir={model_dir}", "--bn_stat_batches=1", "--exp=2", "--epochs=2",
+                f"--model_dir={model_dir}", "--bn_stat_batches=1", "--exp=2", "--epochs=1",
                 f"--engine={engine}", "--heartbeat_timeout=8", "--stall_timeout=600"]
         return args
 
