@@ -123,10 +123,13 @@ SLOW = {
 # launchers' discovery, lost peers).
 WIDER = {
     "tests/test_allreduce_multiprocess.py::AllreduceMultiprocessTest::test_six_ranks":
-        "every grid of 4 ranks (test_four_ranks); 8 ranks' grids with a row and a column phase",
+        "every grid of 4 ranks (test_four_ranks, 2 x 2 with a row and a column phase)",
+    "tests/test_allreduce_multiprocess.py::AllreduceMultiprocessTest::test_eight_ranks":
+        "every grid of 4 ranks (test_four_ranks, 2 x 2 with a row and a column phase); the "
+        "schedule's code is the same for any row length (test_grid, the simulator's tests)",
     "tests/test_tf_engine.py::TFEngineJobsTest::test_twelve_ranks_task_name_order":
         "TensorFlow's member order of 10+ tasks (test_tf_engine's tf_member_order unit test); "
-        "the 2- and 4-rank tf engine jobs; 8 ranks on Horovod's engine (same torus code)",
+        "the 2- and 4-rank tf engine jobs (the torus schedule is the same code for any world)",
     "tests/test_horovod_collectives.py::CollectivesOnWorldsTest::test_four_ranks":
         "the same checks on 2 ranks",
     "tests/test_horovod_collectives.py::CollectivesOnWorldsTest::test_three_ranks":
