@@ -142,12 +142,6 @@ WIDER = {
     "tests/test_paper_scale.py::PerPhaseWorkersTest::"
     "test_launcher_runs_each_phase_on_its_own_count":
         "LauncherCommandTest's per-phase commands; test_a_direct_launch_on_the_wrong_count",
-    "tests/test_tf_engine.py::TFEngineJobsTest::test_four_ranks_horovodrun_rendezvous":
-        "the tf engine's 2-rank jobs under horovodrun; its 4 ranks under TF_CONFIG (current)",
-    "tests/test_training_equivalence.py::TrainingEquivalenceTest::"
-    "test_tf_engine_tape_under_horovodrun":
-        "test_custom_loop_gradient_tape (Horovod's engine); the tf engine's fit against "
-        "Horovod's engine (current: test_tf_engine_fit_without_horovod_and_engines_agree)",
     "tests/test_bad_input.py::BadInputTest::test_every_bad_input_fails_clearly":
         "test_bad_arguments_fail_where_they_are_given; train.py's bad input",
     "tests/test_bad_input_surface.py::BadInputSurfaceTest::"
