@@ -48,7 +48,7 @@ SMALL_BYTES = 4 << 10
 LARGE_BYTES = 2 << 20
 #: Calls of each size per level in a round, back to back, each rank keeping its fastest. The
 #: latency rests on the small call alone (about a millisecond on a busy CPU): with one call a
-#: round, two probes of one world minutes apart read it 1.6-1.8x apart on 2 busy cores, and the
+#: round, two probes in one job, seconds apart, read it 1.6-1.8x apart on 2 busy cores, and the
 #: plans differed by 1.11-1.22x (tests/workers/probe_stall_check.py); with these, 8 of 8 such
 #: pairs planned alike.
 REPEATS = {SMALL_BYTES: 4, LARGE_BYTES: 2}
