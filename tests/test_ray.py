@@ -11,9 +11,12 @@ from unittest import mock
 
 import tensorflow as tf
 
+from official_resnet.data.embedded_data import EmbeddedSpec
 from tests import harness
 
 RAY = importlib.util.find_spec("ray") is not None
+# a tenth of the main job's embedded data (tests/harness.EmbeddedDataCase makes it)
+SMALL_DATA = EmbeddedSpec(num_train=1024, num_validation=128, train_shards=4, validation_shards=2)
 NO_RAY = "Ray is installed on the current stack (tftorus[ray]); this stack has none"
 
 
@@ -118,6 +121,20 @@ class ElasticTest(tf.test.TestCase):
         self.check_elastic_fit("ray_train")
 
 
+def run_recipe_losing_a_node(case, *args, timeout):
+    """tests/workers/ray_recipe.py with `args`: the run's summary, once the checks every size of
+    it shares have passed (a world of 2 from the epoch-1 checkpoint, to the end)."""
+    result = harness.run([harness.worker("ray_recipe.py"), *args], timeout=timeout)
+    found = re.search(r"^RESULT (.*)$", result.output, re.M)
+    case.assertTrue(found, harness.describe(result))
+    summary = json.loads(found.group(1))
+    case.assertIn("world 2: 2 workers", result.output)
+    case.assertRegex(result.output, r"restored \S*epoch-0001\.000")
+    case.assertEqual((summary["workers"], summary["epochs"]), (2, 3.0))
+    case.assertEqual(result.returncode, 0, harness.describe(result))
+    return summary
+
+
 @unittest.skipUnless(RAY, NO_RAY)
 class RecipeOnRayTest(tf.test.TestCase):
 
@@ -125,15 +142,19 @@ class RecipeOnRayTest(tf.test.TestCase):
         """run_scripts/train_on_ray.py on the embedded data, 2-4 workers, a worker node killed
         in epoch 2 (tests/workers/ray_recipe.py): 2 workers go on from the epoch-1 checkpoint,
         training as 4 (--logical_workers), and end inside the main job's top-1 band."""
-        result = harness.run([harness.worker("ray_recipe.py")], timeout=1500)
-        found = re.search(r"^RESULT (.*)$", result.output, re.M)
-        self.assertTrue(found, harness.describe(result))
-        summary = json.loads(found.group(1))
-        self.assertIn("world 2: 2 workers", result.output)
-        self.assertRegex(result.output, r"restored \S*epoch-0001\.000")
-        self.assertEqual((summary["workers"], summary["epochs"]), (2, 3.0))
+        summary = run_recipe_losing_a_node(self, timeout=1500)
         self.assertBetween(summary["top1_1crop"], 48.70, 49.40)
-        self.assertEqual(result.returncode, 0, harness.describe(result))
+
+
+@unittest.skipUnless(RAY, NO_RAY)
+class RecipeOnRaySmallDataTest(harness.EmbeddedDataCase, tf.test.TestCase):
+    """The same run on a tenth of the embedded data (its epochs take seconds), the node killed
+    as the first checkpoint appears: the lighter sibling CI keeps (tests/conftest.py's WIDER)."""
+    SPEC = SMALL_DATA
+
+    def test_a_lost_node_then_the_run_ends_from_its_checkpoint(self):
+        run_recipe_losing_a_node(self, "--kill_after=0", f"--data_dir={self.data}",
+                                 "--bn_stat_batches=1", timeout=900)
 
 
 if __name__ == "__main__":

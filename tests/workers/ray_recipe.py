@@ -3,7 +3,13 @@ local Ray cluster of a head (no CPUs) and two worker nodes of 2 logical CPUs, mi
 workers; once the first epoch's checkpoint is written a worker node is killed, and the run must
 go on with 2 workers from that checkpoint to the end, training as 4 (--logical_workers=4, the
 launcher's default). Prints "RESULT {json}" with the summary.
+
+    python tests/workers/ray_recipe.py [--kill_after=S] [train.py flags that override...]
+
+--kill_after: seconds from the first checkpoint to the kill (default 8, into the main job's
+second epoch; 0 on a small data set, whose epochs take seconds).
 """
+import argparse
 import json
 import os
 import sys
@@ -19,13 +25,16 @@ import train_on_ray  # noqa: E402
 
 
 def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--kill_after", type=float, default=8.0)
+    ours, overrides = parser.parse_known_args()
     os.chdir(REPO)  # the workers run train.py here too: the flags' data/embedded is the main job's
     model_dir = tempfile.mkdtemp(prefix="tftorus_ray_recipe_")
     with ray_cluster.three_nodes(model_dir) as (cluster, nodes):
         args, train_argv = train_on_ray.parse([
             "--min_workers=2", "--max_workers=4", "--",
             "--exp=2", "--engine=tf", "--flagfile=run_scripts/embedded.flags",
-            f"--model_dir={model_dir}"])  # the main job's data/embedded, made on first use
+            f"--model_dir={model_dir}", *overrides])  # default: data/embedded, made on first use
         errors = []
 
         def go():
@@ -40,7 +49,7 @@ def main():
             time.sleep(0.5)
         if not runner.is_alive():
             sys.exit(f"the run ended before its first checkpoint: {errors}")
-        time.sleep(8)  # into the second epoch (its first steps: less to do again)
+        time.sleep(ours.kill_after)  # into the second epoch (its first steps: less to redo)
         cluster.remove_node(nodes[1])
         print("KILLED a worker node in epoch 2", flush=True)
         runner.join(1800)
