@@ -85,9 +85,10 @@ run_stack() {  # run_stack STACK PYTEST-ARGS...
     TFTORUS_STACK="$stack" bash "$repo/run_scripts/setup.sh" || return
   fi
   # The checkout's bytecode, once: where PYTHONDONTWRITEBYTECODE is set (as on the CI machines)
-  # every process the tests start would compile tftorus and official_resnet again (their import
-  # took 0.31-0.46 CPU-s a process without bytecode, 0.15-0.17 with it; 2026-12-02, the main job
-  # at 125 images/s). A syntax error is the tests' to report.
+  # every process the tests start would compile tftorus and official_resnet again: `import
+  # tftorus.keras, official_resnet.run.trainer` after TensorFlow's took 0.31-0.46 CPU-s without
+  # their bytecode, 0.15-0.17 with it (time.process_time around it; 2026-12-02, the main job at
+  # 125 images/s). A syntax error is the tests' to report.
   "$venv/bin/python" -m compileall -q -j 0 tftorus official_resnet flags tests run_scripts \
     studies >/dev/null 2>&1 || true
   local rc=0
