@@ -69,33 +69,6 @@ tier_run=0
 if [ "$#" -eq 0 ]; then set -- tests; tier_run=1; fi
 trap 'exit 130' INT  # Ctrl-C stops here, not only the stack under way
 
-# The checkout's bytecode, once per stack: where PYTHONDONTWRITEBYTECODE is set (as on the CI
-# machines) every process the tests start would compile tftorus and official_resnet again:
-# `import tftorus.keras, official_resnet.run.trainer` after TensorFlow's took 0.31-0.46 CPU-s
-# without their bytecode, 0.15-0.17 with it (time.process_time around it; 2026-12-02, the main
-# job at 125 images/s). A syntax error is the tests' to report.
-compile_checkout() {  # compile_checkout VENV
-  "$1/bin/python" -m compileall -q -j 0 tftorus official_resnet flags tests run_scripts \
-    studies >/dev/null 2>&1 || true
-}
-
-# The tests that start no process, in one process that the harness refuses any launch, at the
-# lowest CPU priority: they take the cores the launching tests leave idle and never hold those
-# tests up (which wait on each other, on heartbeats, on Ray), and end after them only when the
-# idle cores were not enough.
-in_process_tests() {  # in_process_tests VENV OUTPUT-FILE PYTEST-ARGS... &  (in the background:
-  local venv="$1" out="$2" tier_expr="${tier[1]:-}"  # it becomes pytest, so its pid is pytest's)
-  shift 2
-  export TFTORUS_TEST_TIER=quick
-  exec nice -n 19 "$venv/bin/python" -m pytest -p no:cacheprovider -q -rfEs --durations=20 \
-    -m "${tier_expr:+($tier_expr) and }not launches and not alone" "$@" >"$out" 2>&1
-}
-
-await_file() {  # await_file FILE PID: FILE's first line once written; 1 if PID ended without it
-  while [ ! -s "$1" ] && kill -0 "$2" 2>/dev/null; do sleep 1; done
-  if [ -s "$1" ]; then head -n 1 "$1"; else echo 1; fi
-}
-
 run_stack() {  # run_stack STACK PYTEST-ARGS...
   local stack="$1" venv
   shift
@@ -111,31 +84,31 @@ run_stack() {  # run_stack STACK PYTEST-ARGS...
   if [ "$stack" != classic ] || [ -z "$classic_setup_pid" ]; then  # else set up already
     TFTORUS_STACK="$stack" bash "$repo/run_scripts/setup.sh" || return
   fi
-  if [ "$stack" != classic ] || [ -z "$classic_setup_pid" ]; then compile_checkout "$venv"; fi
-  local rc=0 tier_expr="${tier[1]:-}"
+  # The checkout's bytecode, once: where PYTHONDONTWRITEBYTECODE is set (as on the CI machines)
+  # every process the tests start would compile tftorus and official_resnet again: `import
+  # tftorus.keras, official_resnet.run.trainer` after TensorFlow's took 0.31-0.46 CPU-s without
+  # their bytecode, 0.15-0.17 with it (time.process_time around it; 2026-12-02, the main job at
+  # 125 images/s). A syntax error is the tests' to report.
+  "$venv/bin/python" -m compileall -q -j 0 tftorus official_resnet flags tests run_scripts \
+    studies >/dev/null 2>&1 || true
+  local rc=0
   if [ "$lanes" = 1 ]; then
     # Two lanes at once. The tests that start processes keep the cores busy only in bursts (a
     # world importing TensorFlow, then ranks waiting on each other), and they run as before,
     # with those that time themselves in one process (conftest.py's ALONE). The tests that
-    # start no process (3.3 min on current, 4.1 on classic, 2026-12-02) run beside them
-    # (in_process_tests); the classic stack's, with both stacks, from the end of its set-up.
-    local beside beside_pid="" beside_rc=0
-    if [ "$stack" = classic ] && [ -n "$classic_setup_pid" ]; then
-      beside="$classic_beside_log"
-    else
-      beside="$(mktemp "${TMPDIR:-/tmp}/tftorus-in-process-tests.XXXXXX")"
-      # a background job ignores Ctrl-C in a script: end it here (run_stack runs in a subshell)
-      trap 'kill "$beside_pid" 2>/dev/null; rm -f "$beside"; exit 130' INT
-      in_process_tests "$venv" "$beside" "$@" &
-      beside_pid=$!
-    fi
+    # start no process (3.3 min on current, 4.1 on classic, 2026-12-02) run beside them, in one
+    # process that the harness refuses any launch, mostly on the core the others leave idle.
+    local beside beside_pid beside_rc=0 tier_expr="${tier[1]:-}"
+    beside="$(mktemp "${TMPDIR:-/tmp}/tftorus-in-process-tests.XXXXXX")"
+    # a background job ignores Ctrl-C in a script: end it here (run_stack runs in a subshell)
+    trap 'kill "$beside_pid" 2>/dev/null; rm -f "$beside"; exit 130' INT
+    TFTORUS_TEST_TIER=quick "$venv/bin/python" -m pytest -p no:cacheprovider -q -rfEs \
+      --durations=20 -m "${tier_expr:+($tier_expr) and }not launches and not alone" "$@" \
+      >"$beside" 2>&1 &
+    beside_pid=$!
     "$venv/bin/python" -m pytest -p no:cacheprovider -q -rfEs --durations=60 \
       -m "${tier_expr:+($tier_expr) and }(launches or alone)" "$@" || rc=$?
-    if [ -n "$beside_pid" ]; then
-      wait "$beside_pid" || beside_rc=$?
-    else  # started by the main shell, whose child it is: its status comes in a file
-      beside_rc="$(await_file "$classic_beside_rc" "$classic_setup_pid")"
-    fi
+    wait "$beside_pid" || beside_rc=$?
     echo "[test] $stack stack, beside the tests above: the tests that start no process"
     cat "$beside"
     rm -f "$beside"
@@ -155,36 +128,15 @@ run_stack() {  # run_stack STACK PYTEST-ARGS...
 # With both stacks, the classic stack's set-up (mostly Horovod's compile) runs at the lowest CPU
 # (and disk) priority while the current stack is set up and tested: the compile takes the cores the tests
 # leave idle, and the tests' timings stay their own. Its lines come before the classic tests.
-# With two lanes (--ci, --all, the default tier) its tests that start no process follow, at the
-# same priority: they too take what the current stack's tests leave idle.
 classic_setup_pid=""
 classic_setup_log=""
 if [ "${#stacks[@]}" -gt 1 ]; then
-  work="$(mktemp -d "${TMPDIR:-/tmp}/tftorus-classic-in-background.XXXXXX")"
-  classic_setup_log="$work/setup.log" classic_setup_rc="$work/setup.rc"
-  classic_beside_log="$work/in-process-tests.log" classic_beside_rc="$work/in-process-tests.rc"
-  (
-    child=""
-    # a background job ignores Ctrl-C in a script: the main shell's trap ends it with TERM
-    trap 'kill "$child" 2>/dev/null; exit 143' TERM
-    renice -n 19 -p "$BASHPID" >/dev/null
-    if command -v ionice >/dev/null 2>&1; then ionice -c 3 -p "$BASHPID"; fi
-    TFTORUS_STACK=classic bash "$repo/run_scripts/setup.sh" >"$classic_setup_log" 2>&1 &
-    child=$!
-    wait "$child"
-    setup_rc=$?
-    classic_venv="${TFTORUS_VENV:-$repo/.venv}"
-    if [ "$setup_rc" = 0 ]; then compile_checkout "$classic_venv"; fi
-    echo "$setup_rc" >"$classic_setup_rc"
-    if [ "$setup_rc" = 0 ] && [ "$lanes" = 1 ]; then
-      in_process_tests "$classic_venv" "$classic_beside_log" "$@" &
-      child=$!
-      wait "$child"
-      echo "$?" >"$classic_beside_rc"
-    fi
-  ) &
+  classic_setup_log="$(mktemp "${TMPDIR:-/tmp}/tftorus-classic-setup.XXXXXX")"
+  idle_io=(); if command -v ionice >/dev/null 2>&1; then idle_io=(ionice -c 3); fi
+  TFTORUS_STACK=classic nice -n 19 ${idle_io[@]+"${idle_io[@]}"} \
+    bash "$repo/run_scripts/setup.sh" >"$classic_setup_log" 2>&1 &
   classic_setup_pid=$!
-  trap 'kill "$classic_setup_pid" 2>/dev/null; rm -rf "$work"; exit 130' INT
+  trap 'kill "$classic_setup_pid" 2>/dev/null; rm -f "$classic_setup_log"; exit 130' INT
   echo "[test] the classic stack's set-up runs in the background (lowest priority) while the current stack is tested"
 fi
 
@@ -222,16 +174,15 @@ for stack in "${stacks[@]}"; do
   fi
   rc=0
   if [ "$stack" = classic ] && [ -n "$classic_setup_pid" ]; then
-    rc="$(await_file "$classic_setup_rc" "$classic_setup_pid")"
+    wait "$classic_setup_pid" || rc=$?
     cat "$classic_setup_log"
+    rm -f "$classic_setup_log"
   fi
   [ "$rc" != 0 ] || ( run_stack "$stack" "$@" ) || rc=$?
   summary+=("$stack: $([ "$rc" = 0 ] && echo passed || echo "failed (exit $rc)")")
   if [ "$status" = 0 ]; then status="$rc"; fi
 done
 if [ "${#stacks[@]}" -gt 1 ]; then
-  wait "$classic_setup_pid" 2>/dev/null  # its in-process tests reported above (or never began)
-  rm -rf "$work"
   echo "[test] ${summary[0]}; ${summary[1]}"
 fi
 exit "$status"
