@@ -43,7 +43,8 @@
 # deafe73, --ci, the main job at 141 images/s: 84.5 min (current 49.2 + 5.4, classic 32.1 + 8.4);
 # 992be8e then moved four more bigger siblings to WIDER (about 10 of those minutes). 6edf06d (the
 # recipe on Ray on a tenth of the data; the attacked job on Horovod's engine in WIDER), the main job
-# at 109-125 images/s: 64.9 min (current 35.7 + 5.5 beside, classic 26.5 + 6.3).
+# at 109-125 images/s: 64.9 min (current 35.7 + 5.5 beside, classic 26.5 + 6.3). c6c6ed3, the main
+# job at 305 images/s: 39.0 min (current 20.7 + 3.5 beside, classic 16.4 + 3.8).
 # Each stack's summary says how long its cores sat idle.
 set -uo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
