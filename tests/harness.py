@@ -38,7 +38,7 @@ _DRAWN = {}  # EmbeddedSpec -> its set, drawn once in this test process
 def embedded_data_copy(spec, data_dir: str) -> None:
     """`spec`'s embedded set in `data_dir`, a copy of the one this test process drew first:
     drawing 1,024 + 128 images took 6.5 s on 2 cores (2026-12-02, the main job at 305 images/s),
-    copying them (1.8 MB) milliseconds, and six classes of a stack's tests share that spec. A
+    copying them (1.8 MB) milliseconds, and up to six classes in one test process share that spec. A
     copy, so a class may change its own (remove the manifest, corrupt a file)."""
     from official_resnet.data import embedded_data
     if spec not in _DRAWN:

@@ -6,7 +6,7 @@ import shutil
 
 
 # How Ray's GCS finds a lost node dead: by default after 5 failed health checks 3 s apart, each
-# allowed 10 s (20-55 s), while Ray Train still counts the node's CPUs and waits for a world of
+# allowed 10 s (15-50 s after a loss), while Ray Train still counts the node's CPUs and waits for a world of
 # the old size. Here checks 1 s apart, each allowed 2 s: a removed node is dead within about 5 s;
 # a live one would have to miss 5 checks in a row.
 HEALTH_CHECKS = {"health_check_period_ms": 1000, "health_check_timeout_ms": 2000,
