@@ -26,8 +26,9 @@ give the median over repeats and its ratio to Horovod's reference:
   hierarchical   leader-based: all-reduce in each torus row (a host, on the emulated
            cluster), of the whole buffer among the rows' first ranks, then back along the row
 
-With the tf engine (--engines ... tf, the default), the same processes also start TensorFlow's
-collective runtime (tftorus.init(engine='tf', with_horovod=True)) and time:
+With the tf engine (--engines ... tf, the default), a second job on the same hosts, started
+after the first, runs the tf engine alone (tftorus.init(engine='tf'), no Horovod: as its users
+run it) and times:
 
   torus-tf, ring-tf, hierarchical-tf   the same algorithms on TF's collective ops (ring-tf is one
            CollectiveReduceV2 over the world per fused buffer); torus-tf pipelines chunks as
@@ -39,6 +40,14 @@ collective runtime (tftorus.init(engine='tf', with_horovod=True)) and time:
            measured (jobs of two hosts or more), not --fusion-threshold-mb
   mwms     tf.distribute.MultiWorkerMirroredStrategy's own all-reduce path (its
            CollectiveReplicaLauncher, RING, one pack, a fresh instance key per call)
+
+Why two jobs: Horovod's background thread negotiates every HOROVOD_CYCLE_TIME even with nothing
+to send. Measured with 8 ranks of `hvd.init()` then 10 s of sleep (2026-12-03, the main job at
+271 images/s): 0.62-0.93 CPU-s per rank, 6.5 s of the 10 of a one-core CPU quota for the eight,
+against 0.01 per rank for a tf-engine job. Timed in Horovod's processes, the tf engine paid for
+that: under the quota its torus took 0.92 of `hvd.allreduce` (docs/studies/planner.md). Each
+job's variants are still timed side by side, in rotation; `hvd` is in the first job, and the
+second's sums are checked against the tf engine's own ring all-reduce (ring-tf).
 
 The torus' steps are also timed as separate tf.functions (pack, row reduce-scatter, column
 all-reduce, row all-gather, unpack, the consistency check), to show where its time goes; the two
@@ -91,7 +100,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                       help="launcher: torus grid per world size, 'N=YxX,...' (default: %(default)s)")
     mode.add_argument("--grid", default=None, help="worker: torus grid 'YxX' (default: planned)")
     mode.add_argument("--engines", nargs="+", choices=("horovod", "tf"), default=["horovod", "tf"],
-                      help="engines to time beside Horovod's own all-reduce (default: both)")
+                      help="engines to time beside Horovod's own all-reduce (default: both; the "
+                           "tf engine in a job of its own, after Horovod's)")
+    mode.add_argument("--tf-alone", action="store_true",
+                      help="worker: the tf engine's job (tftorus.init(engine='tf'), no Horovod)")
     work = p.add_argument_group("workloads")
     work.add_argument("--sizes", nargs="*", type=parse_size,
                       default=[parse_size(s) for s in ("4K", "64K", "1M", "16M", "64M")],
@@ -191,25 +203,56 @@ def make_tensors(workload: Workload, seed: int):
 
 class Setup(NamedTuple):
     """What every variant needs: the communicators and grid tftorus runs on."""
-    comm: object  # HorovodCommunicator, alltoall reduce-scatter
+    comm: object  # HorovodCommunicator, alltoall reduce-scatter; None in the tf engine's job
     native: object  # the same with hvd.reducescatter
     grid: object  # TorusGrid
     fusion_bytes: int
-    tf_comm: object  # TFCollectiveCommunicator, or None without the tf engine
+    tf_comm: object  # TFCollectiveCommunicator, or None in Horovod's job
+
+    @property
+    def job_comm(self):
+        """The job's own engine: its barrier lines the ranks up, it gathers the times."""
+        return self.comm if self.comm is not None else self.tf_comm
 
 
-def start_tftorus(grid_spec, fusion_bytes: int, engines: Sequence[str]) -> Setup:
+#: The reference each job checks its sums against: Horovod's all-reduce where Horovod runs, else
+#: the tf engine's ring (CollectiveReduceV2 over the world, fused as tftorus' ring is)
+TF_REFERENCE = "ring-tf"
+
+
+def is_tf_item(name: str) -> bool:
+    """Whether a variant or phase runs on the tf engine (and so in the tf engine's job)."""
+    return name.startswith("tf ") or name.endswith("-tf") or "-tf-" in name or name == "mwms"
+
+
+def jobs(engines: Sequence[str], variants) -> List[tuple]:
+    """(engines, variants, tf_alone) of each job to launch, in order: Horovod's (hvd always,
+    and tftorus on Horovod's engine), then, where the tf engine is asked for and any of its
+    items selected, the tf engine alone (module docstring: why not in Horovod's processes)."""
+    horovod_items = None if variants is None else [v for v in variants if not is_tf_item(v)]
+    out = [(["horovod"], horovod_items, False)]
+    if "tf" in engines:
+        tf_items = None if variants is None else [v for v in variants if is_tf_item(v)]
+        if tf_items is None or tf_items:
+            out.append((["tf"], tf_items, True))
+    return out
+
+
+def start_tftorus(grid_spec, fusion_bytes: int, tf_alone: bool) -> Setup:
     import tftorus
     from tftorus.runtime import process_state
-    if "tf" in engines:  # before any other TF call: TF joins its cluster when it starts
-        tftorus.init(grid=grid_spec, engine="tf", with_horovod=True)
-    else:
-        tftorus.init(grid=grid_spec)
+    if tf_alone:  # before any other TF call: TF joins its cluster when it starts
+        tftorus.init(grid=grid_spec, engine="tf")
+        from tftorus.runtime.stack import hvd
+        if hvd is not None and hvd.is_initialized():  # its idle cycles are what we avoid
+            raise RuntimeError("the tf engine's job started Horovod")
+        return Setup(None, None, process_state.default_grid(), fusion_bytes,
+                     process_state.communicator("tf"))
+    tftorus.init(grid=grid_spec)
     comm = process_state.communicator("horovod")
     native = copy.copy(comm)  # shares the process sets; only the reduce-scatter differs
     native.reduce_scatter_impl = "native"
-    tf_comm = process_state.communicator("tf") if "tf" in engines else None
-    return Setup(comm, native, process_state.default_grid(), fusion_bytes, tf_comm)
+    return Setup(comm, native, process_state.default_grid(), fusion_bytes, None)
 
 
 _MWMS = {}  # one launcher per process, as one strategy has: its instance keys never repeat
@@ -237,22 +280,23 @@ def graph(fn):
     return tf.function(fn, autograph=False)
 
 
-def compressions(name: str):
-    import horovod.tensorflow as hvd
-
+def compressions(name: str, horovod: bool = True):
+    """(Horovod's compression or None without Horovod, tftorus') for 'none' or 'fp16'."""
     import tftorus
-    return {"none": (hvd.Compression.none, tftorus.Compression.none),
-            "fp16": (hvd.Compression.fp16, tftorus.Compression.fp16)}[name]
+    hvd_comp = None
+    if horovod:
+        import horovod.tensorflow as hvd
+        hvd_comp = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16}[name]
+    return hvd_comp, {"none": tftorus.Compression.none, "fp16": tftorus.Compression.fp16}[name]
 
 
 def variant_fns(setup: Setup, workload: Workload, chunks: int) -> Dict[str, Callable]:
     """name -> tf.function(list of tensors) for the all-reduce variants of one workload."""
-    import horovod.tensorflow as hvd
-
     import tftorus
-    hvd_comp, torus_comp = compressions(workload.compression)
+    hvd_comp, torus_comp = compressions(workload.compression, setup.comm is not None)
 
     def reference(ts):
+        import horovod.tensorflow as hvd
         if workload.is_set:
             return hvd.grouped_allreduce(ts, op=hvd.Sum, compression=hvd_comp)
         return [hvd.allreduce(ts[0], op=hvd.Sum, compression=hvd_comp)]
@@ -268,15 +312,17 @@ def variant_fns(setup: Setup, workload: Workload, chunks: int) -> Dict[str, Call
                 pipeline_chunks=pipeline_chunks)
         return fn
 
-    fns = {
-        REFERENCE: graph(reference),
-        "torus": graph(tftorus_fn("torus", setup.comm)),
-        f"torus-chunks{chunks}": graph(tftorus_fn("torus", setup.comm, chunks)),
-        "torus-native": graph(tftorus_fn("torus", setup.native)),
-        "ring": graph(tftorus_fn("ring", setup.comm)),
-        "hierarchical": graph(tftorus_fn("hierarchical", setup.comm)),
-        "planned": graph(tftorus_fn("auto", setup.comm, planned=True)),
-    }
+    fns = {}
+    if setup.comm is not None:
+        fns = {
+            REFERENCE: graph(reference),
+            "torus": graph(tftorus_fn("torus", setup.comm)),
+            f"torus-chunks{chunks}": graph(tftorus_fn("torus", setup.comm, chunks)),
+            "torus-native": graph(tftorus_fn("torus", setup.native)),
+            "ring": graph(tftorus_fn("ring", setup.comm)),
+            "hierarchical": graph(tftorus_fn("hierarchical", setup.comm)),
+            "planned": graph(tftorus_fn("auto", setup.comm, planned=True)),
+        }
     if setup.tf_comm is not None:
         fns["torus-tf"] = graph(tftorus_fn("torus", setup.tf_comm))
         fns["torus-tf-nochunks"] = graph(tftorus_fn("torus", setup.tf_comm, 1))
@@ -294,9 +340,10 @@ def phase_fns(setup: Setup, workload: Workload, tensors) -> Dict[str, tuple]:
     import tensorflow as tf
 
     from tftorus.torus import fusion
-    _, comp = compressions(workload.compression)
+    _, comp = compressions(workload.compression, setup.comm is not None)
     comm, native, grid = setup.comm, setup.native, setup.grid
-    row, col = grid.row_group(comm.rank), grid.col_group(comm.rank)
+    rank = setup.job_comm.rank
+    row, col = grid.row_group(rank), grid.col_group(rank)
     first_row = row == grid.row_group(0)
     wire = [comp.compress(t)[0] for t in tensors]
     buckets = fusion.plan_buckets(wire, setup.fusion_bytes)
@@ -326,6 +373,8 @@ def phase_fns(setup: Setup, workload: Workload, tensors) -> Dict[str, tuple]:
         "tf row all-gather": (
             graph(lambda ss: [tf_comm.all_gather(s, row, equal_sizes=True) for s in ss]), shards),
     }
+    if comm is None:  # the tf engine's job
+        return tf_phases
     return {
         **tf_phases,
         "pack": (graph(pack), tensors),
@@ -360,34 +409,33 @@ def run_fn(fn, inputs) -> list:
     return list(out) if isinstance(out, (list, tuple)) else [out]
 
 
-def run_once(fn, inputs) -> float:
-    from tftorus.runtime import process_state
-
-    # Horovod's barrier whatever --engines says, so the line-up is the same in every run
-    process_state.communicator("horovod").barrier()
+def run_once(comm, fn, inputs) -> float:
+    comm.barrier()  # the job's engine's: every call starts with the ranks lined up
     start = time.perf_counter()
     run_fn(fn, inputs)
     return time.perf_counter() - start
 
 
-def time_interleaved(items: Dict[str, tuple], repeats: int, warmup: int) -> np.ndarray:
+def time_interleaved(comm, items: Dict[str, tuple], repeats: int, warmup: int) -> np.ndarray:
     """[item, repeat] seconds on this rank; each repeat visits the items in a rotated order."""
     names = list(items)
     for _ in range(warmup):
         for name in names:
-            run_once(*items[name])
+            run_once(comm, *items[name])
     times = np.zeros((len(names), repeats))
     for r in range(repeats):
         shift = r % len(names)
         for i in list(range(shift, len(names))) + list(range(shift)):
-            times[i, r] = run_once(*items[names[i]])
+            times[i, r] = run_once(comm, *items[names[i]])
     return times
 
 
-def max_errors(items: Dict[str, tuple], kinds: Dict[str, str]) -> Dict[str, float]:
-    """Each variant's largest deviation from the reference result, relative to its largest
-    magnitude (one untimed call each): a fast variant that sums wrong is no result."""
-    ref = [t.numpy() for t in run_fn(*items[REFERENCE])]
+def max_errors(items: Dict[str, tuple], kinds: Dict[str, str],
+               reference: tuple) -> Dict[str, float]:
+    """Each variant's largest deviation from the reference result (`reference`: fn, inputs),
+    relative to its largest magnitude (one untimed call each): a fast variant that sums wrong
+    is no result."""
+    ref = [t.numpy() for t in run_fn(*reference)]
     scale = max(float(np.abs(r).max()) for r in ref) or 1.0
     errors = {}
     for name, kind in kinds.items():
@@ -398,12 +446,11 @@ def max_errors(items: Dict[str, tuple], kinds: Dict[str, str]) -> Dict[str, floa
     return errors
 
 
-def slowest_rank(times: np.ndarray) -> np.ndarray:
+def slowest_rank(comm, times: np.ndarray) -> np.ndarray:
     """Per (item, repeat), the largest time over all ranks."""
-    import horovod.tensorflow as hvd
     import tensorflow as tf
-    everyone = hvd.allgather(tf.constant(times[None]), name="bench_gather_times").numpy()
-    return everyone.max(axis=0)
+    everyone = comm.all_gather(tf.constant(times[None]), comm.all_ranks(), equal_sizes=True)
+    return everyone.numpy().max(axis=0)
 
 
 # ==================================================================================================
@@ -428,7 +475,7 @@ def summarise(workload: str, kinds: Dict[str, str], times: np.ndarray,
     med = {n: float(np.median(ms[i])) for i, n in enumerate(names)}
     rows = []
     for i, n in enumerate(names):
-        base = med[REFERENCE] if kinds[n] == "variant" else med.get("torus", np.nan)
+        base = med.get(REFERENCE, np.nan) if kinds[n] == "variant" else med.get("torus", np.nan)
         rows.append(Row(workload, kinds[n], n, med[n], float(np.percentile(ms[i], 25)),
                         float(np.percentile(ms[i], 75)), med[n] / base,
                         errors.get(n, float("nan"))))
@@ -441,8 +488,9 @@ def print_table(title: str, rows: List[Row]) -> None:
     for r in rows:
         if r.kind != "variant":
             continue
+        ratio = "-" if np.isnan(r.ratio) else f"{r.ratio:.2f}"  # no hvd in the tf job
         print(f"  {r.name:<28}{r.median_ms:>11.1f}{f'{r.p25_ms:.1f}-{r.p75_ms:.1f}':>16}"
-              f"{r.ratio:>8.2f}{r.max_err:>10.1e}")
+              f"{ratio:>8}{r.max_err:>10.1e}")
     phases = [r for r in rows if r.kind == "phase"]
     if phases:
         print(f"  {'torus phase (alone)':<28}{'median ms':>11}{'p25-p75 ms':>16}{'/torus':>8}")
@@ -480,40 +528,43 @@ def wanted(name: str, selection) -> bool:
 
 
 def bench_workload(setup: Setup, workload: Workload, args) -> List[Row]:
-    import horovod.tensorflow as hvd
-    tensors = make_tensors(workload, seed=hvd.rank())
+    comm = setup.job_comm
+    tensors = make_tensors(workload, seed=comm.rank)
     items, kinds = {}, {}
-    for name, fn in variant_fns(setup, workload, args.chunks).items():
+    fns = variant_fns(setup, workload, args.chunks)
+    for name, fn in fns.items():
         if wanted(name, args.variants):
             items[name], kinds[name] = (fn, tensors), "variant"
     if args.phases:
         for name, item in phase_fns(setup, workload, tensors).items():
             if wanted(name, args.variants):
                 items[name], kinds[name] = item, "phase"
-    errors = max_errors(items, kinds)
-    times = slowest_rank(time_interleaved(items, args.repeats, args.warmup))
+    reference = fns[REFERENCE if REFERENCE in fns else TF_REFERENCE]
+    errors = max_errors(items, kinds, (reference, tensors))
+    times = slowest_rank(comm, time_interleaved(comm, items, args.repeats, args.warmup))
     return summarise(workload.name, kinds, times, errors)
 
 
 def worker(args) -> None:
     import logging
-
-    import horovod.tensorflow as hvd
     logging.basicConfig(format="%(message)s")  # tftorus' plan and links, from rank 0 only
     logging.getLogger("tftorus").setLevel(logging.INFO)
-    setup = start_tftorus(args.grid, int(args.fusion_threshold_mb * (1 << 20)), args.engines)
+    setup = start_tftorus(args.grid, int(args.fusion_threshold_mb * (1 << 20)), args.tf_alone)
+    rank, size = setup.job_comm.rank, setup.job_comm.size
     env = {k: os.environ.get(k, "") for k in ("HOROVOD_CYCLE_TIME", "HOROVOD_FUSION_THRESHOLD")}
-    meta = {"np": hvd.size(), "grid": str(setup.grid), "repeats": args.repeats,
+    meta = {"np": size, "grid": str(setup.grid), "repeats": args.repeats,
             "fusion_mb": args.fusion_threshold_mb, "cycle_time": env["HOROVOD_CYCLE_TIME"],
             "hvd_fusion": env["HOROVOD_FUSION_THRESHOLD"], "tag": args.tag,
             **dict(item.split("=", 1) for item in args.meta)}
-    if hvd.rank() == 0:
-        print(f"N={hvd.size()} grid {setup.grid}, {args.repeats} repeats after {args.warmup} "
+    if rank == 0:
+        job = ("the tf engine alone (no Horovod in these processes; sums checked against "
+               f"{TF_REFERENCE})" if args.tf_alone else f"Horovod ({REFERENCE} and its engine)")
+        print(f"N={size} grid {setup.grid}, {job}: {args.repeats} repeats after {args.warmup} "
               f"warm-up, slowest rank per call, median over repeats; env {env}")
     for workload in build_workloads(args):
         rows = bench_workload(setup, workload, args)
-        if hvd.rank() == 0:
-            title = (f"== N={hvd.size()} grid {setup.grid} | {workload.name}: "
+        if rank == 0:
+            title = (f"== N={size} grid {setup.grid} | {workload.name}: "
                      f"{len(workload.shapes)} tensor(s), {workload.elements / 1e6:.2f}M elements, "
                      f"{human_bytes(workload.elements * 4)} FP32 ==")
             print_table(title, rows)
@@ -521,7 +572,7 @@ def worker(args) -> None:
             # the all-reduce sends, half of them with the FP16 wire (the floors' bytes)
             append_csv(args.csv, rows, {**meta, "bytes": workload.elements * 4,
                                         "wire_bytes": workload.elements * workload.wire_size})
-    if hvd.rank() == 0:
+    if rank == 0:
         print(f"\nCSV: {args.csv}")
 
 
@@ -540,28 +591,40 @@ def grid_for(np_: int, grids: str) -> str:
     return table.get(np_, "auto")
 
 
-def worker_argv(args, np_: int, shapes_file: str) -> List[str]:
-    argv = [sys.executable, os.path.abspath(__file__), "--worker",
-            "--grid", grid_for(np_, args.grids), "--shapes-file", shapes_file,
-            "--engines", *args.engines,
-            "--repeats", str(args.repeats), "--warmup", str(args.warmup),
-            "--fusion-threshold-mb", str(args.fusion_threshold_mb),
-            "--csv", os.path.abspath(args.csv), "--tag", args.tag, "--meta", *args.meta,
-            "--sizes", *[str(b) for b in args.sizes], "--resnet", *args.resnet]
-    if args.variants is not None:
-        argv += ["--variants", *args.variants]
-    if not args.phases:
-        argv.append("--no-phases")
-    argv += ["--chunks", str(args.chunks)]
-    return argv
+def worker_argvs(args, np_: int, shapes_file: str) -> List[tuple]:
+    """(name, argv) of each job's worker (`jobs`), to run one after the other."""
+    out = []
+    for engines, variants, tf_alone in jobs(args.engines, args.variants):
+        argv = [sys.executable, os.path.abspath(__file__), "--worker",
+                "--grid", grid_for(np_, args.grids), "--shapes-file", shapes_file,
+                "--repeats", str(args.repeats), "--warmup", str(args.warmup),
+                "--fusion-threshold-mb", str(args.fusion_threshold_mb),
+                "--csv", os.path.abspath(args.csv), "--tag", args.tag, "--meta", *args.meta,
+                "--sizes", *[str(b) for b in args.sizes], "--resnet", *args.resnet]
+        if variants is not None:
+            argv += ["--variants", *variants]
+        if not args.phases:
+            argv.append("--no-phases")
+        if tf_alone:
+            argv.append("--tf-alone")
+        out.append(("tf" if tf_alone else "horovod", argv + ["--chunks", str(args.chunks)]))
+    return out
 
 
 def launch(args, np_: int, shapes_file: str) -> int:
-    """horovodrun one world size; echo rank 0's stdout, keep everything in a log file."""
+    """horovodrun one world size, a job at a time (`jobs`); echo rank 0's stdout, keep
+    everything in a log file per job."""
+    rc = 0
+    for name, argv in worker_argvs(args, np_, shapes_file):
+        rc = launch_job(np_, argv, os.path.join(os.path.dirname(os.path.abspath(args.csv)),
+                                                f"np{np_}-{name}.log")) or rc
+    return rc
+
+
+def launch_job(np_: int, argv: List[str], log_path: str) -> int:
     runner = os.path.join(os.path.dirname(sys.executable), "horovodrun")  # the venv's, unactivated
-    cmd = [runner if os.path.exists(runner) else "horovodrun", "--gloo", "-np", str(np_), "-H", f"localhost:{np_}",
-           "--start-timeout", "120", *worker_argv(args, np_, shapes_file)]
-    log_path = os.path.join(os.path.dirname(os.path.abspath(args.csv)), f"np{np_}.log")
+    cmd = [runner if os.path.exists(runner) else "horovodrun", "--gloo", "-np", str(np_),
+           "-H", f"localhost:{np_}", "--start-timeout", "120", *argv]
     print(f"\n$ {' '.join(cmd)}\n  (full log: {log_path})", flush=True)
     with open(log_path, "w") as log, subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1) as proc:

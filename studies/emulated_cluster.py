@@ -27,7 +27,10 @@ address) and one `ip netns exec tft-hK env HOROVOD_... python benchmark_allreduc
 per rank, with the environment horovodrun would give it (rank, size, local and cross ranks,
 HOROVOD_HOSTNAME = the host's address, HOROVOD_GLOO_IFACE = its veth). The grid defaults to one
 row per host (Y = hosts, X = ranks per host): the torus' row phases stay inside a host and its
-column phase crosses hosts, as on the paper's nodes.
+column phase crosses hosts, as on the paper's nodes. The tf engine's variants run after that
+job, on the same hosts, in a job of their own without Horovod (`--tf-alone`;
+studies/benchmark_allreduce.py says why): its ranks start the same way and exchange their TF
+servers' addresses through the same kind of rendezvous server.
 
 Prints per workload the median of each variant (slowest rank per call) and the ratios torus /
 ring (beside its byte limit, see `byte_limit`), torus / hierarchical and torus / hvd; writes a CSV (default /tmp/tftorus_emulated/
@@ -659,9 +662,11 @@ def run_cluster(args, hosts: int, rph: int, gbit: float, links: int,
              f"{'s' if links > 1 else ''} per host, grid {grid}")
     print(f"emulated cluster: {title}; CSV {csv_path}", flush=True)
     start = time.time()
-    with Cluster(hosts, gbit, links):
-        rc = launch(args, hosts, rph, bench.worker_argv(bench_args, size, shapes_file),
-                    os.path.join(out, "ranks.log"), links)
+    with Cluster(hosts, gbit, links):  # Horovod's job, then the tf engine's (bench.jobs)
+        rc = 0
+        for name, argv in bench.worker_argvs(bench_args, size, shapes_file):
+            log = os.path.join(out, "ranks.log" if name == "horovod" else f"ranks-{name}.log")
+            rc = launch(args, hosts, rph, argv, log, links) or rc
     if rc or not os.path.exists(csv_path):
         return []
     rows = read_rows(csv_path)

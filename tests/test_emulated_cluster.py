@@ -156,15 +156,16 @@ class EmulatedClusterTest(unittest.TestCase):
             [sys.executable, "-m", "studies.emulated_cluster",
              "--hosts", "2", "--ranks-per-host", "2", "--links-per-host", "rank",
              "--sizes", "64K", "--resnet",
-             "--engines", "horovod", "--variants", "hvd", "torus", "ring", "hierarchical",
-             "column all-reduce", "one row's reduce-scatter", "one row's all-gather",
+             "--engines", "horovod", "tf", "--variants", "hvd", "torus", "ring", "hierarchical",
+             "column all-reduce", "one row's reduce-scatter", "one row's all-gather", "torus-tf",
              "--repeats", "2", "--out", out, "--timeout", "240"],
             capture_output=True, text=True, timeout=300, cwd=harness.ROOT)
         self.assertEqual(result.returncode, 0, result.stdout[-3000:] + result.stderr[-3000:])
-        # 4 medians, the byte limit (0.333 at 2 x 2 on a rail per rank), torus / ring,
-        # / hierarchical, / hvd, and the model's floor for torus, hierarchical and ring
-        self.assertRegex(result.stdout, r"\| flat 64 KiB \|( [\d.]+ \|){4} 0\.333 \|"
-                                        r"( [\d.]+ \|){6}")
+        # 5 medians (torus-tf's from the second job), the byte limit (0.333 at 2 x 2 on a rail
+        # per rank), torus and torus-tf / ring, torus / hierarchical, / hvd, and the model's
+        # floor for torus, hierarchical and ring
+        self.assertRegex(result.stdout, r"\| flat 64 KiB \|( [\d.]+ \|){5} 0\.333 \|"
+                                        r"( [\d.]+ \|){7}")
         # where the time goes: column alone, and column + one host's row phases
         self.assertRegex(result.stdout, r"\| flat 64 KiB \| [\d.]+ \| [\d.]+ \|  \| [\d.]+ \| "
                                         r"[\d.]+ \|")
@@ -172,10 +173,13 @@ class EmulatedClusterTest(unittest.TestCase):
             rows = list(csv.DictReader(f))
         for column in ("hosts", "ranks_per_host", "link_gbit", "bytes", "median_ms", "max_err"):
             self.assertIn(column, rows[0])
-        # the sums, not only the times: each variant against hvd.allreduce on the same inputs
+        # the sums, not only the times: each variant against hvd.allreduce on the same inputs,
+        # the tf engine's in a job of its own (no Horovod there) against its own ring
         variants = {(r["workload"], r["name"]): float(r["max_err"]) for r in rows
                     if r["kind"] == "variant" and r["name"] != "hvd"}
-        self.assertEqual({name for _, name in variants}, {"torus", "ring", "hierarchical"})
+        self.assertEqual({name for _, name in variants},
+                         {"torus", "ring", "hierarchical", "torus-tf"})
+        self.assertIn("the tf engine alone", result.stdout)  # its worker checks: no Horovod
         for (workload, name), err in variants.items():
             self.assertLess(err, 1e-5, f"{name} on {workload}: relative error {err}")
         self.assertEqual(leftovers(), [])
