@@ -226,15 +226,15 @@ def is_tf_item(name: str) -> bool:
 
 
 def jobs(engines: Sequence[str], variants) -> List[tuple]:
-    """(engines, variants, tf_alone) of each job to launch, in order: Horovod's (hvd always,
+    """(variants, tf_alone) of each job to launch, in order: Horovod's (hvd always,
     and tftorus on Horovod's engine), then, where the tf engine is asked for and any of its
     items selected, the tf engine alone (module docstring: why not in Horovod's processes)."""
     horovod_items = None if variants is None else [v for v in variants if not is_tf_item(v)]
-    out = [(["horovod"], horovod_items, False)]
+    out = [(horovod_items, False)]
     if "tf" in engines:
         tf_items = None if variants is None else [v for v in variants if is_tf_item(v)]
         if tf_items is None or tf_items:
-            out.append((["tf"], tf_items, True))
+            out.append((tf_items, True))
     return out
 
 
@@ -594,7 +594,7 @@ def grid_for(np_: int, grids: str) -> str:
 def worker_argvs(args, np_: int, shapes_file: str) -> List[tuple]:
     """(name, argv) of each job's worker (`jobs`), to run one after the other."""
     out = []
-    for engines, variants, tf_alone in jobs(args.engines, args.variants):
+    for variants, tf_alone in jobs(args.engines, args.variants):
         argv = [sys.executable, os.path.abspath(__file__), "--worker",
                 "--grid", grid_for(np_, args.grids), "--shapes-file", shapes_file,
                 "--repeats", str(args.repeats), "--warmup", str(args.warmup),
