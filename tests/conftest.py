@@ -177,6 +177,7 @@ WIDER = {
 # test classes (or single tests) that start processes: worlds under horovodrun, TF_CONFIG
 # processes, run_scripts/*.py end to end, or one `python -c`
 LAUNCHES = (
+    "tests/test_shared_memory.py::TwoHostsJobTest",
     "tests/test_ray.py::ExecutorTest",
     "tests/test_ray.py::ElasticTest",
     "tests/test_ray.py::RecipeOnRayTest",
@@ -262,6 +263,7 @@ CURRENT_STACK = (
     "tests/test_execution_modes.py",
     "tests/test_user_fit.py::LaunchWithoutHorovodTest",
     "tests/test_tf_engine.py",
+    "tests/test_shared_memory.py",
     "tests/test_peer_health.py",
     "tests/test_input_pipeline.py",
     "tests/test_lars.py",
@@ -306,6 +308,7 @@ CURRENT_ONLY = (
     "tests/test_resume.py::ResumeRunsTest::"
     "test_ranks_that_see_different_model_dirs_stop_before_restoring",
     "tests/test_tf_engine.py::TFEngineJobsTest::test_twelve_ranks_task_name_order",
+    "tests/test_shared_memory.py::TwoHostsJobTest",
     "tests/test_mixed_precision.py::MixedPrecisionOverflowTest::test_four_ranks",
     "tests/test_gpu_per_process.py::GpuCheckScriptTest",
     "tests/test_multi_node_launcher.py::AcrossHostsTest",

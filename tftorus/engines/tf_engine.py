@@ -79,8 +79,8 @@ import tensorflow as tf
 from tensorflow.python.framework import errors, ops
 from tensorflow.python.ops import collective_ops, gen_collective_ops, resource_variable_ops
 
-from tftorus.cluster.discovery import Cluster
-from tftorus.engines import graph_homes, peer_health
+from tftorus.cluster.discovery import LOOPBACK_NAMES, Cluster, split_address
+from tftorus.engines import graph_homes, peer_health, shared_memory
 from tftorus.torus.communicator import Communicator, Group, choose_reduce_scatter, sum_in_fp32
 
 #: 'alltoall': all-to-all + local FP32 sum (any device). 'native': CollectiveReduceScatterV2,
@@ -232,6 +232,21 @@ class TFCollectiveCommunicator(Communicator):
                 raise CollectiveError(f"tftorus tf engine: the job's processes did not all "
                                       f"come up: {not_up}")
             self.health.start()
+        # ranks of this host exchange row data through /dev/shm where asked (shared_memory.py)
+        self.shared_memory = None
+        if cluster.size > 1 and not gpu and shared_memory.requested():
+            self.shared_memory = self._start_shared_memory()
+
+    def _start_shared_memory(self) -> "shared_memory.SharedMemoryTransport":
+        hosts = [split_address(w)[0] for w in self._cluster.workers]
+        hosts = ["localhost" if h in LOOPBACK_NAMES else h for h in hosts]
+        transport = shared_memory.SharedMemoryTransport(
+            self.rank, shared_memory.job_tag(self._cluster.workers),
+            lambda ints, group: self._gather_equal(ints, group), self.tf_order)
+        transport.handshake(
+            self.size, [r for r, h in enumerate(hosts) if h == hosts[self.rank]], self.barrier,
+            lambda ints: self.all_reduce(tf.constant(ints), self.all_ranks()).numpy())
+        return transport
 
     def register_groups(self, groups: Iterable[Sequence[int]]) -> None:
         """Groups of a grid planned after start (the planner, tftorus.runtime.process_state):
@@ -244,6 +259,8 @@ class TFCollectiveCommunicator(Communicator):
     def stop_health_checks(self) -> None:
         """After the last collective (shutdown): peers may exit from here on."""
         self.health.stop()
+        if self.shared_memory is not None:
+            self.shared_memory.close()
 
     # -- identity ---------------------------------------------------------------------------
 
@@ -383,6 +400,9 @@ class TFCollectiveCommunicator(Communicator):
         _static_shape(tensor, "reduce-scatter")
         if tensor.shape.num_elements() == 0:
             return tensor
+        if self._through_shared_memory(tensor, group):
+            return self.run_collectives(lambda: sum_in_fp32(
+                self.shared_memory.reduce_scatter_blocks(tensor, group)))
         chunks = tf.reshape(tensor, [n, -1])
         order = self.tf_order(group)
         if order != group:  # row j goes to TF's j-th member
@@ -452,6 +472,9 @@ class TFCollectiveCommunicator(Communicator):
         n = len(group)
         if tensor.shape.num_elements() == 0:
             return tf.zeros([n * shape[0]] + shape[1:], tensor.dtype)
+        if self._through_shared_memory(tensor, group):
+            return self.run_collectives(lambda: tf.reshape(self.shared_memory.all_gather(
+                tf.reshape(tensor, [-1]), group), [n * shape[0]] + shape[1:]))
 
         def build():
             pieces = self._pieces(tf.reshape(tensor, [1, -1]))
@@ -463,6 +486,10 @@ class TFCollectiveCommunicator(Communicator):
             out = tf.reshape(out, [n * shape[0]] + shape[1:])
             return self._to_group_order(out, group, shape[0])
         return self.run_collectives(build)
+
+    def _through_shared_memory(self, tensor, group) -> bool:
+        return self.shared_memory is not None and self.shared_memory.serves(
+            group, tensor.shape.num_elements() * tensor.dtype.size)
 
     def _pieces(self, blocks):
         """Split [n, m] blocks along m so one member's block is at most max_message_bytes;

@@ -1,0 +1,83 @@
+"""The tf engine's in-host transport (tftorus/engines/shared_memory.py): its rules on one
+process, then a real job of four ranks as two hosts of two whose rows go through /dev/shm."""
+import errno
+import json
+import os
+import unittest
+from unittest import mock
+
+import numpy as np
+
+from tests import harness
+from tftorus.engines import shared_memory
+
+
+class RulesTest(unittest.TestCase):
+    def test_the_switch(self):
+        for value, on in (("", False), ("0", False), ("off", False), ("1", True), ("on", True)):
+            with mock.patch.dict(os.environ, {shared_memory.ENV: value}):
+                self.assertIs(shared_memory.requested(), on, value)
+        with mock.patch.dict(os.environ, {shared_memory.ENV: "shm"}):
+            with self.assertRaisesRegex(ValueError, "must be 1 .on. or 0 .off., got 'shm'"):
+                shared_memory.requested()
+
+    def transport(self, rank=0):
+        return shared_memory.SharedMemoryTransport(
+            rank, f"test{os.getpid()}", gather_ints=None, tf_order=tuple)
+
+    def test_a_full_dev_shm_is_an_error_that_says_what_to_do(self):
+        transport = self.transport()
+        full = OSError(errno.ENOSPC, "No space left on device")
+        with mock.patch.object(shared_memory.os, "posix_fallocate", side_effect=full):
+            with self.assertRaisesRegex(OSError, r"no room in /dev/shm for a 2 MiB segment .*"
+                                                 r"enlarge it \(docker run --shm-size\) or set "
+                                                 r"TFTORUS_TF_SHARED_MEMORY=0"):
+                transport._lease((0, 1), (1 << 20) + 1)
+        self.assertFalse([p for p in os.listdir("/dev/shm") if transport.tag in p])
+
+    def test_a_rank_that_cannot_see_its_host_mates_segments_turns_it_off_for_all(self):
+        # rank 1 never makes its probe (another /dev/shm, as containers sharing only a network)
+        transport = self.transport(rank=0)
+        seen = transport.handshake(2, [0, 1], barrier=lambda: None,
+                                   sum_ints=lambda mine: np.array([mine[0], 1]))
+        self.assertEqual(seen, frozenset())
+        self.assertFalse(transport.serves((0, 1), 1 << 30))
+        self.assertFalse([p for p in os.listdir("/dev/shm") if transport.tag in p])
+
+    def test_which_groups_and_buffers_it_serves(self):
+        transport = self.transport(rank=0)
+        transport.ranks = frozenset({0, 1})
+        self.assertTrue(transport.serves((0, 1), shared_memory.MIN_BYTES))
+        self.assertFalse(transport.serves((0, 1), shared_memory.MIN_BYTES - 1))  # latency
+        self.assertFalse(transport.serves((0, 2), 1 << 30))  # rank 2 is on another host
+        self.assertFalse(transport.serves((0,), 1 << 30))
+
+    def test_segments_are_leased_again_and_their_names_removed(self):
+        transport = self.transport(rank=0)
+        first = transport._lease((0, 1), 3 << 20)
+        path = transport._own[(0, 1)][first].path
+        self.assertTrue(os.path.exists(path))
+        transport._release((0, 1), first)
+        self.assertFalse(os.path.exists(path))  # every member had mapped it
+        self.assertEqual(transport._lease((0, 1), 2 << 20), first)  # fits: no new segment
+        self.assertNotEqual(transport._lease((0, 1), 1 << 20), first)  # in use: a new one
+        transport.close()
+        self.assertFalse([p for p in os.listdir("/dev/shm") if transport.tag in p])
+
+
+class TwoHostsJobTest(unittest.TestCase):
+    def test_rows_through_shared_memory_keep_every_bit(self):
+        ports = harness.free_ports(4)
+        workers = [f"127.0.0.{1 + i // 2}:{p}" for i, p in enumerate(ports)]
+        result = harness.run_ranks(
+            [harness.worker("shared_memory_check.py")], 4, lambda i: {
+                "TF_CONFIG": json.dumps({"cluster": {"worker": workers},
+                                         "task": {"type": "worker", "index": i}}),
+                shared_memory.ENV: "1"}, timeout=300)
+        self.assertEqual(result.returncode, 0, harness.describe(result))
+        self.assertEqual(result.output.count("shared memory: 27 checks, 0 failed"), 4,
+                         harness.describe(result))
+
+
+if __name__ == "__main__":
+    unittest.main()

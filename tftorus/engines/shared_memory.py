@@ -1,0 +1,249 @@
+"""The tf engine's reduce-scatter and all-gather among ranks of one host, through shared memory.
+
+Why: on CPUs TF moves every collective's bytes over gRPC, between processes of one host too, and
+pays for each byte about seven copies (the RecvBuf response is serialized into a protobuf `Any`,
+then into gRPC's buffer, and parsed twice on the other side; a perf profile of the torus gave 42 %
+of its CPU to memmove). Where the cores are what limits the all-reduce (many ranks per host, a
+CPU quota), the torus' row phases then cost more than its column crosses the network. Through
+shared memory a member writes its data once and every member reads what it needs once:
+measured on one host of 8 ranks (a 2 x 4 torus, both rows here), ResNet-50's 97.6 MiB FP32 set
+took 2,293 ms over gRPC and 1,608 ms with the rows this way (`torus-tf-nochunks` against
+`torus-tf-nochunks-shm` in studies/benchmark_allreduce.py, docs/studies/planner.md).
+
+How: each rank leases a segment of its own (a file in /dev/shm, per group, reused from call to
+call), writes its data there and tells the group which segment in a tiny all-gather over TF,
+which is also the barrier: when it returns, every member's data is in place. Each member then
+reads its part from every member's segment; a second tiny all-gather says that everyone is done
+reading, and the segments return to their pools. Every wait is a TF collective, so a lost peer
+surfaces as the engine's usual error (its peer health monitor), never as a hang here.
+
+The bytes summed and their order are those of the gRPC path (the members' blocks stacked in TF's
+member order, summed by the same `sum_in_fp32`), so the transport changes no bit of a result.
+
+A segment's name is removed once every member of its group has mapped it (after its first
+call), so nothing is left in /dev/shm when a process dies later; a segment is reserved with
+posix_fallocate, so a full /dev/shm is an error that says so, not a SIGBUS.
+
+Where: `TFTORUS_TF_SHARED_MEMORY=1`, CPU devices, groups whose ranks share a host address and
+see each other's segments (checked once at start: containers sharing a network but not /dev/shm
+do not), buffers of at least MIN_BYTES (below it the two tiny all-gathers cost more than gRPC).
+"""
+import atexit
+import hashlib
+import mmap
+import os
+import threading
+from functools import partial
+from typing import Callable, Dict, List, Sequence, Tuple
+
+import numpy as np
+import tensorflow as tf
+
+ENV = "TFTORUS_TF_SHARED_MEMORY"
+SHM_DIR = "/dev/shm"
+MIN_BYTES = 256 << 10  # below it two tiny all-gathers cost more than gRPC's copies
+_ALIGN = 1 << 20  # segments are made in whole MiB, so buffers of nearby sizes share one
+Group = Tuple[int, ...]
+
+
+def requested() -> bool:
+    value = os.environ.get(ENV, "").strip().lower()
+    if value in ("", "0", "false", "off", "no"):
+        return False
+    if value in ("1", "true", "on", "yes"):
+        return True
+    raise ValueError(f"{ENV} must be 1 (on) or 0 (off), got {value!r}")
+
+
+def job_tag(workers: Sequence[str]) -> str:
+    """A name part every rank of one job computes alike and other jobs do not share."""
+    return hashlib.blake2b(",".join(workers).encode(), digest_size=6).hexdigest()
+
+
+class _Segment:
+    """A file in /dev/shm mapped into this process."""
+
+    def __init__(self, path: str, size: int, create: bool):
+        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+        fd = os.open(path, flags, 0o600)
+        try:
+            if create:
+                try:
+                    os.posix_fallocate(fd, 0, size)
+                except OSError as e:
+                    os.unlink(path)
+                    free = os.statvfs(SHM_DIR)
+                    raise OSError(
+                        f"tftorus: no room in {SHM_DIR} for a {size / 2**20:.0f} MiB segment of "
+                        f"the shared-memory transport ({free.f_bavail * free.f_frsize / 2**20:.0f}"
+                        f" MiB free): enlarge it (docker run --shm-size) or set {ENV}=0") from e
+            else:
+                size = os.fstat(fd).st_size
+            self.map = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        self.path, self.size, self.named = path, size, create
+
+    def view(self, dtype, count: int, offset_items: int = 0) -> np.ndarray:
+        return np.ndarray([count], dtype, buffer=self.map, offset=offset_items * dtype.itemsize)
+
+    def unlink(self) -> None:
+        if self.named:
+            self.named = False
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+
+
+class SharedMemoryTransport:
+    """Reduce-scatter and all-gather within groups of one host; `gather_ints(values, group)`
+    (the engine's all-gather of a tiny int32 tensor, in group order) exchanges segment numbers
+    and is the barrier."""
+
+    def __init__(self, rank: int, tag: str, gather_ints: Callable[[tf.Tensor, Group], tf.Tensor],
+                 tf_order: Callable[[Group], Tuple[int, ...]]):
+        self.rank, self.tag = rank, tag
+        self._gather_ints, self._tf_order = gather_ints, tf_order
+        self._lock = threading.Lock()
+        self._own: Dict[Group, List[_Segment]] = {}  # this rank's segments per group
+        self._free: Dict[Group, List[int]] = {}
+        self._peers: Dict[Tuple[int, Group, int], _Segment] = {}
+        self.ranks: frozenset = frozenset()  # ranks reachable this way (`handshake`)
+        atexit.register(self.close)
+
+    # -- which groups ---------------------------------------------------------------------
+
+    def path(self, owner: int, group: Group, index: int) -> str:
+        members = "-".join(map(str, group))
+        return os.path.join(SHM_DIR, f"tftorus-{self.tag}-g{members}-r{owner}-{index}")
+
+    def handshake(self, size: int, same_host: Sequence[int], barrier: Callable[[], None],
+                  sum_ints: Callable[[np.ndarray], np.ndarray]) -> frozenset:
+        """Called eagerly by every rank of the job at once: each makes a small segment, and
+        checks that it can map those of the ranks with its host address (`same_host`, itself
+        included). A group is served where all its members could (`ranks`): the same for every
+        rank, from one sum over the job (`sum_ints`)."""
+        probe = _Segment(self.path(self.rank, ("probe",), 0), mmap.PAGESIZE, create=True)
+        try:
+            barrier()  # every rank's probe exists
+            ok = 1
+            for peer in same_host:
+                if peer != self.rank:
+                    try:
+                        _Segment(self.path(peer, ("probe",), 0), 0, create=False).map.close()
+                    except OSError:
+                        ok = 0
+            mine = np.zeros([size], np.int32)
+            mine[self.rank] = ok
+            fine = sum_ints(mine)  # after it, every rank has tried every probe
+        finally:
+            probe.unlink()
+            probe.map.close()
+        mates = set(same_host)
+        self.ranks = frozenset(r for r in mates if fine[r]) if all(fine[r] for r in mates) \
+            else frozenset()
+        return self.ranks
+
+    def serves(self, group: Group, nbytes: int) -> bool:
+        return len(group) > 1 and nbytes >= MIN_BYTES and set(group) <= self.ranks
+
+    # -- segments -------------------------------------------------------------------------
+
+    def _lease(self, group: Group, nbytes: int) -> int:
+        with self._lock:
+            own, free = self._own.setdefault(group, []), self._free.setdefault(group, [])
+            fits = [i for i in free if own[i].size >= nbytes]
+            if fits:
+                index = min(fits, key=lambda i: own[i].size)
+                free.remove(index)
+                return index
+            size = -(-nbytes // _ALIGN) * _ALIGN
+            own.append(_Segment(self.path(self.rank, group, len(own)), size, create=True))
+            return len(own) - 1
+
+    def _release(self, group: Group, index: int) -> None:
+        with self._lock:
+            self._own[group][index].unlink()  # every member has mapped it by now
+            self._free[group].append(index)
+
+    def _segment(self, owner: int, group: Group, index: int) -> _Segment:
+        if owner == self.rank:
+            return self._own[group][index]
+        key = (owner, group, index)
+        with self._lock:
+            if key not in self._peers:
+                self._peers[key] = _Segment(self.path(owner, group, index), 0, create=False)
+            return self._peers[key]
+
+    def close(self) -> None:
+        """Remove this rank's names still in /dev/shm (a segment whose first call never ended)."""
+        with self._lock:
+            for segments in self._own.values():
+                for s in segments:
+                    s.unlink()
+
+    # -- the two collectives --------------------------------------------------------------
+
+    def _write(self, group: Group, tensor: tf.Tensor) -> np.ndarray:
+        values = tensor.numpy()
+        index = self._lease(group, values.nbytes)
+        np.copyto(self._own[group][index].view(values.dtype, values.size), values.reshape(-1))
+        return np.array([index], np.int32)
+
+    def _read(self, group: Group, dtype: np.dtype, count: int, offset: int,
+              owners: Sequence[int], indices: tf.Tensor) -> np.ndarray:
+        """`count` items at `offset` of each owner's segment, stacked in `owners`' order."""
+        numbers = dict(zip(group, indices.numpy().tolist()))
+        out = np.empty([len(owners), count], dtype)
+        for row, owner in enumerate(owners):
+            np.copyto(out[row], self._segment(owner, group, numbers[owner]).view(dtype, count,
+                                                                                 offset))
+        return out
+
+    def _done(self, group: Group, indices: tf.Tensor, _all_read: tf.Tensor) -> np.ndarray:
+        self._release(group, dict(zip(group, indices.numpy().tolist()))[self.rank])
+        return np.zeros([1], np.int32)
+
+    def _exchange(self, group: Group, tensor: tf.Tensor,
+                  read: Callable[[tf.Tensor], tf.Tensor]) -> tf.Tensor:
+        """Write `tensor`, swap segment numbers, `read(numbers)`, then agree that all have read."""
+        mine = tf.py_function(partial(self._write, group), [tensor], tf.int32)
+        mine.set_shape([1])
+        indices = self._gather_ints(mine, group)  # every member's data is in place
+        out = read(indices)
+        # a dependency on `out`: each member says it is done reading only after it has read
+        read_flag = tf.reshape(tf.cast(tf.size(out) < 0, tf.int32), [1])
+        all_read = self._gather_ints(read_flag, group)
+        done = tf.py_function(partial(self._done, group), [indices, all_read], tf.int32)
+        with tf.control_dependencies([done]):
+            return tf.identity(out)
+
+    def reduce_scatter_blocks(self, tensor: tf.Tensor, group: Group) -> tf.Tensor:
+        """[n, shard]: every member's block for this rank (its place in `group`), in TF's member
+        order, as the gRPC path's all-to-all receives them; the caller sums them alike."""
+        n = len(group)
+        shard = tensor.shape[0] // n
+        dtype = tensor.dtype.as_numpy_dtype
+        owners = self._tf_order(group)
+        offset = group.index(self.rank) * shard
+
+        def read(indices):
+            out = tf.py_function(partial(self._read, group, np.dtype(dtype), shard, offset,
+                                         owners), [indices], tensor.dtype)
+            out.set_shape([n, shard])
+            return out
+        return self._exchange(group, tensor, read)
+
+    def all_gather(self, tensor: tf.Tensor, group: Group) -> tf.Tensor:
+        """Every member's equal-sized 1-D tensor, concatenated in group order."""
+        count = tensor.shape[0]
+        dtype = tensor.dtype.as_numpy_dtype
+
+        def read(indices):
+            out = tf.py_function(partial(self._read, group, np.dtype(dtype), count, 0, group),
+                                 [indices], tensor.dtype)
+            out.set_shape([len(group), count])
+            return tf.reshape(out, [len(group) * count])
+        return self._exchange(group, tensor, read)
+
