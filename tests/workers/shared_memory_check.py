@@ -8,6 +8,7 @@ Checked on every rank:
   same bits as over gRPC, and the exact sums (integer-valued data)
 - the torus over the world (rows through shared memory, columns over gRPC): the same bits as
   with gRPC alone, and exact
+- eight buckets in flight at once, new data every call: every sum exact
 - after the calls no segment of this rank is left in /dev/shm under a name, and repeated calls
   reuse the segments they leased
 """
@@ -32,9 +33,9 @@ ROW = (rank // 2 * 2, rank // 2 * 2 + 1)  # the two ranks of this "host"
 ELEMENTS = 2 * 160_000  # FP16: 625 KiB, above the transport's smallest buffer
 
 
-def data(r: int, dtype) -> tf.Tensor:
+def data(r: int, dtype, salt: int = 7) -> tf.Tensor:
     """Rank r's input: small integers, so every sum is exact in each dtype."""
-    values = tf.random.stateless_uniform([ELEMENTS], seed=[r, 7], minval=0, maxval=8,
+    values = tf.random.stateless_uniform([ELEMENTS], seed=[r, salt], minval=0, maxval=8,
                                          dtype=tf.int32)
     return tf.cast(values, dtype)
 
@@ -96,6 +97,18 @@ expected = [world[0][:150_000], world[0].reshape(2, -1)]
 for i, (a, b, want) in enumerate(zip(out_shm, out_grpc, expected)):
     check(f"torus tensor {i}: the bits of the torus over gRPC", np.array_equal(bits(a), bits(b)))
     check(f"torus tensor {i}: exact", np.array_equal(a.numpy().astype(np.float64), want))
+
+# Eight buckets in flight at once, new data every call: a segment given back while a peer still
+# reads it (or read before its owner wrote) would show as a wrong sum
+many = traced(lambda ts: tftorus.fused_allreduce(ts, "sum", algorithm="torus", comm=comm,
+                                                 fusion_threshold_bytes=600_000), True)
+for call in range(3):
+    salts = [100 * call + i for i in range(8)]
+    out = many([data(rank, tf.float32, salt)[:150_000] for salt in salts])
+    want = [sum(data(r, tf.float32, salt)[:150_000].numpy().astype(np.float64)
+                for r in range(size)) for salt in salts]
+    check(f"call {call}: eight buckets in flight, every sum exact",
+          all(np.array_equal(o.numpy().astype(np.float64), w) for o, w in zip(out, want)))
 
 comm.barrier()  # every rank's calls are done
 left = glob.glob(f"/dev/shm/tftorus-{transport.tag}-*-r{rank}-*")

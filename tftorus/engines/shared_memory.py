@@ -192,28 +192,31 @@ class SharedMemoryTransport:
         return np.array([index], np.int32)
 
     def _read(self, group: Group, dtype: np.dtype, count: int, offset: int,
-              owners: Sequence[int], indices: tf.Tensor) -> np.ndarray:
-        """`count` items at `offset` of each owner's segment, stacked in `owners`' order."""
+              owners: Sequence[int], indices: tf.Tensor) -> Tuple[np.ndarray, np.ndarray]:
+        """`count` items at `offset` of each owner's segment, stacked in `owners`' order, and a
+        flag that exists only once they are read (what the second all-gather waits for)."""
         numbers = dict(zip(group, indices.numpy().tolist()))
         out = np.empty([len(owners), count], dtype)
         for row, owner in enumerate(owners):
             np.copyto(out[row], self._segment(owner, group, numbers[owner]).view(dtype, count,
                                                                                  offset))
-        return out
+        return out, np.zeros([1], np.int32)
 
     def _done(self, group: Group, indices: tf.Tensor, _all_read: tf.Tensor) -> np.ndarray:
         self._release(group, dict(zip(group, indices.numpy().tolist()))[self.rank])
         return np.zeros([1], np.int32)
 
-    def _exchange(self, group: Group, tensor: tf.Tensor,
-                  read: Callable[[tf.Tensor], tf.Tensor]) -> tf.Tensor:
-        """Write `tensor`, swap segment numbers, `read(numbers)`, then agree that all have read."""
+    def _exchange(self, group: Group, tensor: tf.Tensor, read: Callable[[tf.Tensor], tuple]
+                  ) -> tf.Tensor:
+        """Write `tensor`, swap segment numbers, `read(numbers)`, then agree that all have read.
+        The flag of the second all-gather comes out of the reading op itself: a value merely
+        computed from `out` (its size, say) is folded to a constant when the graph is
+        optimized, and the segments would be given back while peers still read them."""
         mine = tf.py_function(partial(self._write, group), [tensor], tf.int32)
         mine.set_shape([1])
         indices = self._gather_ints(mine, group)  # every member's data is in place
-        out = read(indices)
-        # a dependency on `out`: each member says it is done reading only after it has read
-        read_flag = tf.reshape(tf.cast(tf.size(out) < 0, tf.int32), [1])
+        out, read_flag = read(indices)
+        read_flag.set_shape([1])
         all_read = self._gather_ints(read_flag, group)
         done = tf.py_function(partial(self._done, group), [indices, all_read], tf.int32)
         with tf.control_dependencies([done]):
@@ -229,10 +232,11 @@ class SharedMemoryTransport:
         offset = group.index(self.rank) * shard
 
         def read(indices):
-            out = tf.py_function(partial(self._read, group, np.dtype(dtype), shard, offset,
-                                         owners), [indices], tensor.dtype)
+            out, flag = tf.py_function(partial(self._read, group, np.dtype(dtype), shard,
+                                               offset, owners), [indices],
+                                       [tensor.dtype, tf.int32])
             out.set_shape([n, shard])
-            return out
+            return out, flag
         return self._exchange(group, tensor, read)
 
     def all_gather(self, tensor: tf.Tensor, group: Group) -> tf.Tensor:
@@ -241,9 +245,9 @@ class SharedMemoryTransport:
         dtype = tensor.dtype.as_numpy_dtype
 
         def read(indices):
-            out = tf.py_function(partial(self._read, group, np.dtype(dtype), count, 0, group),
-                                 [indices], tensor.dtype)
+            out, flag = tf.py_function(partial(self._read, group, np.dtype(dtype), count, 0,
+                                               group), [indices], [tensor.dtype, tf.int32])
             out.set_shape([len(group), count])
-            return tf.reshape(out, [len(group) * count])
+            return tf.reshape(out, [len(group) * count]), flag
         return self._exchange(group, tensor, read)
 
