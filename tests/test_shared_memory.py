@@ -14,11 +14,12 @@ from tftorus.engines import shared_memory
 
 class RulesTest(unittest.TestCase):
     def test_the_switch(self):
-        for value, on in (("", False), ("0", False), ("off", False), ("1", True), ("on", True)):
+        for value, on in (("", True), ("0", False), ("off", False), ("1", True), ("on", True)):
             with mock.patch.dict(os.environ, {shared_memory.ENV: value}):
                 self.assertIs(shared_memory.requested(), on, value)
         with mock.patch.dict(os.environ, {shared_memory.ENV: "shm"}):
-            with self.assertRaisesRegex(ValueError, "must be 1 .on. or 0 .off., got 'shm'"):
+            with self.assertRaisesRegex(ValueError, "must be 1 .on where it can be. or 0 .off., "
+                                                    "got 'shm'"):
                 shared_memory.requested()
 
     def transport(self, rank=0):
@@ -43,6 +44,27 @@ class RulesTest(unittest.TestCase):
         self.assertEqual(seen, frozenset())
         self.assertFalse(transport.serves((0, 1), 1 << 30))
         self.assertFalse([p for p in os.listdir("/dev/shm") if transport.tag in p])
+
+    def test_too_little_room_in_dev_shm_turns_it_off(self):
+        transport = self.transport(rank=0)
+        with mock.patch.object(shared_memory, "free_bytes",
+                               return_value=shared_memory.MIN_FREE_BYTES - 1):
+            seen = transport.handshake(1, [0], barrier=lambda: None, sum_ints=lambda mine: mine)
+        self.assertEqual(seen, frozenset())
+        with mock.patch.object(shared_memory, "free_bytes",
+                               return_value=shared_memory.MIN_FREE_BYTES):
+            seen = transport.handshake(1, [0], barrier=lambda: None, sum_ints=lambda mine: mine)
+        self.assertEqual(seen, frozenset({0}))
+
+    def test_a_segment_left_by_a_killed_job_on_the_same_addresses_is_replaced(self):
+        transport = self.transport(rank=0)
+        stale = transport.path(0, (0, 1), 0)
+        with open(stale, "wb") as f:
+            f.write(b"x" * 10)
+        index = transport._lease((0, 1), 1 << 20)
+        self.assertEqual(transport._own[(0, 1)][index].size, 1 << 20)
+        transport.close()
+        self.assertFalse(os.path.exists(stale))
 
     def test_which_groups_and_buffers_it_serves(self):
         transport = self.transport(rank=0)
@@ -73,7 +95,7 @@ class TwoHostsJobTest(unittest.TestCase):
             [harness.worker("shared_memory_check.py")], 4, lambda i: {
                 "TF_CONFIG": json.dumps({"cluster": {"worker": workers},
                                          "task": {"type": "worker", "index": i}}),
-                shared_memory.ENV: "1"}, timeout=300)
+                shared_memory.ENV: None}, timeout=300)  # the default
         self.assertEqual(result.returncode, 0, harness.describe(result))
         self.assertEqual(result.output.count("shared memory: 30 checks, 0 failed"), 4,
                          harness.describe(result))

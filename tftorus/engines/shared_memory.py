@@ -24,9 +24,11 @@ A segment's name is removed once every member of its group has mapped it (after 
 call), so nothing is left in /dev/shm when a process dies later; a segment is reserved with
 posix_fallocate, so a full /dev/shm is an error that says so, not a SIGBUS.
 
-Where: `TFTORUS_TF_SHARED_MEMORY=1`, CPU devices, groups whose ranks share a host address and
-see each other's segments (checked once at start: containers sharing a network but not /dev/shm
-do not), buffers of at least MIN_BYTES (below it the two tiny all-gathers cost more than gRPC).
+Where: CPU devices (on GPUs NCCL moves the bytes), groups whose ranks share a host address and
+see each other's segments with at least MIN_FREE_BYTES free in /dev/shm (checked once at start:
+containers sharing a network but not /dev/shm do not; a container's 64 MiB /dev/shm is too
+small), buffers of at least MIN_BYTES (below it the two tiny all-gathers cost more than gRPC saves).
+`TFTORUS_TF_SHARED_MEMORY=0` keeps every byte on gRPC.
 """
 import atexit
 import hashlib
@@ -41,23 +43,39 @@ import tensorflow as tf
 
 ENV = "TFTORUS_TF_SHARED_MEMORY"
 SHM_DIR = "/dev/shm"
-MIN_BYTES = 256 << 10  # below it two tiny all-gathers cost more than gRPC's copies
+#: Smaller buffers stay on gRPC: each call here adds two tiny all-gathers and two Python calls,
+#: and the CPU torus pipelines chunks of at most 2 MiB (tf_engine.CPU_MAX_CHUNK_BYTES), 4-16
+#: per bucket. Measured under a one-core quota on the emulated 2 x 4 (ResNet-50 FP32): the fixed
+#: torus in such chunks took 14.9 s with them here, 6.8 s over gRPC; unchunked (12-16 MiB
+#: buckets) 4.4 s here, 4.6-5.0 s over gRPC (docs/studies/planner.md).
+MIN_BYTES = 4 << 20
+#: What /dev/shm must have free at start: each rank of a host leases about its gradients' bytes
+#: (ResNet-50: 98 MiB in FP32), 8 ranks of a GPU-sized host near 1 GiB together.
+MIN_FREE_BYTES = 1 << 30
 _ALIGN = 1 << 20  # segments are made in whole MiB, so buffers of nearby sizes share one
 Group = Tuple[int, ...]
 
 
 def requested() -> bool:
+    """Whether to try it: unless TFTORUS_TF_SHARED_MEMORY is 0 (the handshake then decides)."""
     value = os.environ.get(ENV, "").strip().lower()
-    if value in ("", "0", "false", "off", "no"):
+    if value in ("0", "false", "off", "no"):
         return False
-    if value in ("1", "true", "on", "yes"):
+    if value in ("", "1", "true", "on", "yes"):
         return True
-    raise ValueError(f"{ENV} must be 1 (on) or 0 (off), got {value!r}")
+    raise ValueError(f"{ENV} must be 1 (on where it can be) or 0 (off), got {value!r}")
+
+
+def free_bytes() -> int:
+    stat = os.statvfs(SHM_DIR)
+    return stat.f_bavail * stat.f_frsize
 
 
 def job_tag(workers: Sequence[str]) -> str:
-    """A name part every rank of one job computes alike and other jobs do not share."""
-    return hashlib.blake2b(",".join(workers).encode(), digest_size=6).hexdigest()
+    """A name part every rank of one job on a host computes alike, and no other live job shares
+    (its servers hold other ports, or it runs as another user)."""
+    text = f"{os.getuid()}:{','.join(workers)}"
+    return hashlib.blake2b(text.encode(), digest_size=6).hexdigest()
 
 
 class _Segment:
@@ -65,7 +83,12 @@ class _Segment:
 
     def __init__(self, path: str, size: int, create: bool):
         flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
-        fd = os.open(path, flags, 0o600)
+        try:
+            fd = os.open(path, flags, 0o600)
+        except FileExistsError:
+            # left by a killed job on the same addresses (a live one holds other ports): stale
+            os.unlink(path)
+            fd = os.open(path, flags, 0o600)
         try:
             if create:
                 try:
@@ -124,11 +147,14 @@ class SharedMemoryTransport:
         checks that it can map those of the ranks with its host address (`same_host`, itself
         included). A group is served where all its members could (`ranks`): the same for every
         rank, from one sum over the job (`sum_ints`)."""
-        probe = _Segment(self.path(self.rank, ("probe",), 0), mmap.PAGESIZE, create=True)
+        try:
+            probe = _Segment(self.path(self.rank, ("probe",), 0), mmap.PAGESIZE, create=True)
+        except OSError:  # no /dev/shm, or not writable
+            probe = None
         try:
             barrier()  # every rank's probe exists
-            ok = 1
-            for peer in same_host:
+            ok = int(probe is not None and free_bytes() >= MIN_FREE_BYTES)
+            for peer in same_host if ok else ():
                 if peer != self.rank:
                     try:
                         _Segment(self.path(peer, ("probe",), 0), 0, create=False).map.close()
@@ -138,8 +164,9 @@ class SharedMemoryTransport:
             mine[self.rank] = ok
             fine = sum_ints(mine)  # after it, every rank has tried every probe
         finally:
-            probe.unlink()
-            probe.map.close()
+            if probe is not None:
+                probe.unlink()
+                probe.map.close()
         mates = set(same_host)
         self.ranks = frozenset(r for r in mates if fine[r]) if all(fine[r] for r in mates) \
             else frozenset()

@@ -68,6 +68,7 @@ collective executor for good; every later collective fails at once. Eager calls 
 import collections
 import contextlib
 import hashlib
+import logging
 import os
 import threading
 import time
@@ -85,6 +86,8 @@ from tftorus.torus.communicator import Communicator, Group, choose_reduce_scatte
 
 #: 'alltoall': all-to-all + local FP32 sum (any device). 'native': CollectiveReduceScatterV2,
 #: NCCL only. 'auto': native where this task has a GPU, else alltoall.
+
+logger = logging.getLogger(__name__)
 
 _MERGE_OPS = {"sum": "Add", "max": "Max", "min": "Min"}
 _GROUP_KEY_FIRST = 1 << 20  # tf.distribute counts its group keys up from 1: stay clear of them
@@ -232,7 +235,7 @@ class TFCollectiveCommunicator(Communicator):
                 raise CollectiveError(f"tftorus tf engine: the job's processes did not all "
                                       f"come up: {not_up}")
             self.health.start()
-        # ranks of this host exchange row data through /dev/shm where asked (shared_memory.py)
+        # ranks of this host exchange row data through /dev/shm where they can (shared_memory.py)
         self.shared_memory = None
         if cluster.size > 1 and not gpu and shared_memory.requested():
             self.shared_memory = self._start_shared_memory()
@@ -243,9 +246,18 @@ class TFCollectiveCommunicator(Communicator):
         transport = shared_memory.SharedMemoryTransport(
             self.rank, shared_memory.job_tag(self._cluster.workers),
             lambda ints, group: self._gather_equal(ints, group), self.tf_order)
+        mates = [r for r, h in enumerate(hosts) if h == hosts[self.rank]]
         transport.handshake(
-            self.size, [r for r, h in enumerate(hosts) if h == hosts[self.rank]], self.barrier,
+            self.size, mates, self.barrier,
             lambda ints: self.all_reduce(tf.constant(ints), self.all_ranks()).numpy())
+        if self.rank == 0 and len(mates) > 1:
+            if transport.ranks:
+                logger.info("tftorus tf engine: ranks of a host exchange their rows through "
+                            "/dev/shm (%s=0: over gRPC)", shared_memory.ENV)
+            else:
+                logger.info("tftorus tf engine: ranks of a host exchange their rows over gRPC: "
+                            "not all could map each other's segments in /dev/shm with %d MiB "
+                            "free there", shared_memory.MIN_FREE_BYTES >> 20)
         return transport
 
     def register_groups(self, groups: Iterable[Sequence[int]]) -> None:
@@ -486,6 +498,10 @@ class TFCollectiveCommunicator(Communicator):
             out = tf.reshape(out, [n * shape[0]] + shape[1:])
             return self._to_group_order(out, group, shape[0])
         return self.run_collectives(build)
+
+    @property
+    def transport(self) -> str:
+        return "tf engine" if self.shared_memory is None else "tf engine, rows in /dev/shm"
 
     def _through_shared_memory(self, tensor, group) -> bool:
         return self.shared_memory is not None and self.shared_memory.serves(

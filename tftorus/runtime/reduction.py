@@ -312,7 +312,7 @@ def _plan(options: TorusOptions, comm: Communicator, grid: TorusGrid, wire,
     if profile is None and step and not tf.executing_eagerly():
         gradient_readiness.clock_for(tuple(sizes), len(tensors)).instrument(tensors)
     key = (links, comm.size, comm.local_size, grid, engine, algorithm, threshold,
-           options.pipeline_chunks, tuple(sizes), profile, step)
+           options.pipeline_chunks, tuple(sizes), profile, step, comm.transport)
     if key not in _plans:
         fixed = dict(grid=grid, threshold_bytes=threshold, algorithm=algorithm,
                      chunks=options.pipeline_chunks)

@@ -113,6 +113,11 @@ class Communicator(abc.ABC):
         return False
 
     @property
+    def transport(self) -> str:
+        """What carries the bytes; a plan and the guard's verdict hold for one transport."""
+        return self.engine
+
+    @property
     def rank_ordered_sums(self) -> bool:
         """Whether `sum_in_rank_order` really sums in rank order: its reduce-scatter is the
         all-to-all one, not an engine's native (NCCL) reduce-scatter with an order of its own."""
