@@ -34,9 +34,9 @@ run it) and times:
            CollectiveReduceV2 over the world per fused buffer); torus-tf pipelines chunks as
            tftorus chooses (across hosts, from 2 MiB)
   torus-tf-nochunks   torus-tf without the chunk pipeline
-  torus-tf-grpc, torus-tf-nochunks-grpc, planned-tf-grpc   the same with every byte on TF's
-           gRPC: the rows of a host not through shared memory, where the tf engine sends them by
-           default on CPUs (tftorus/engines/shared_memory.py)
+  torus-tf-shm, torus-tf-nochunks-shm, planned-tf-shm   the same with the rows of a host through
+           shared memory (TFTORUS_TF_SHARED_MEMORY, tftorus/engines/shared_memory.py), in the
+           same job as those without it
   torus-tf-chunks<K>  torus-tf with each fused buffer forced into K chunks (--chunks)
   planned, planned-tf  tftorus' default on each engine: algorithm 'auto', buckets, chunks and
            algorithm per bucket from the planner (tftorus/planning/planner.py) and the links init()
@@ -211,6 +211,7 @@ class Setup(NamedTuple):
     grid: object  # TorusGrid
     fusion_bytes: int
     tf_comm: object  # TFCollectiveCommunicator, or None in Horovod's job
+    shared_memory: object = None  # the tf engine's in-host transport, for the *-shm variants
 
     @property
     def job_comm(self):
@@ -241,16 +242,22 @@ def jobs(engines: Sequence[str], variants) -> List[tuple]:
     return out
 
 
-def start_tftorus(grid_spec, fusion_bytes: int, tf_alone: bool) -> Setup:
+def start_tftorus(grid_spec, fusion_bytes: int, tf_alone: bool,
+                  shared_memory: bool = False) -> Setup:
+    """shared_memory: start the tf engine's in-host transport for the *-shm variants; the other
+    variants are traced without it (variant_fns)."""
     import tftorus
     from tftorus.runtime import process_state
     if tf_alone:  # before any other TF call: TF joins its cluster when it starts
+        if shared_memory:
+            os.environ["TFTORUS_TF_SHARED_MEMORY"] = "1"
         tftorus.init(grid=grid_spec, engine="tf")
         from tftorus.runtime.stack import hvd
         if hvd is not None and hvd.is_initialized():  # its idle cycles are what we avoid
             raise RuntimeError("the tf engine's job started Horovod")
-        return Setup(None, None, process_state.default_grid(), fusion_bytes,
-                     process_state.communicator("tf"))
+        tf_comm = process_state.communicator("tf")
+        transport, tf_comm.shared_memory = tf_comm.shared_memory, None  # the variants set it
+        return Setup(None, None, process_state.default_grid(), fusion_bytes, tf_comm, transport)
     tftorus.init(grid=grid_spec)
     comm = process_state.communicator("horovod")
     native = copy.copy(comm)  # shares the process sets; only the reduce-scatter differs
@@ -304,10 +311,11 @@ def variant_fns(setup: Setup, workload: Workload, chunks: int) -> Dict[str, Call
             return hvd.grouped_allreduce(ts, op=hvd.Sum, compression=hvd_comp)
         return [hvd.allreduce(ts[0], op=hvd.Sum, compression=hvd_comp)]
 
-    def tftorus_fn(algorithm, comm, pipeline_chunks=None, planned=False, grpc=False):
-        def fn(ts):  # runs when traced: grpc=True keeps this variant's rows off shared memory
-            if grpc:
-                transport, comm.shared_memory = comm.shared_memory, None
+    def tftorus_fn(algorithm, comm, pipeline_chunks=None, planned=False, shared_memory=False):
+        def fn(ts):  # runs when traced: the transport is set for this variant's graph alone
+            if comm is setup.tf_comm:
+                transport, comm.shared_memory = comm.shared_memory, (
+                    setup.shared_memory if shared_memory else None)
                 try:
                     return traced(ts)
                 finally:
@@ -342,10 +350,12 @@ def variant_fns(setup: Setup, workload: Workload, chunks: int) -> Dict[str, Call
         fns["ring-tf"] = graph(tftorus_fn("ring", setup.tf_comm))
         fns["hierarchical-tf"] = graph(tftorus_fn("hierarchical", setup.tf_comm))
         fns["planned-tf"] = graph(tftorus_fn("auto", setup.tf_comm, planned=True))
-        fns["torus-tf-grpc"] = graph(tftorus_fn("torus", setup.tf_comm, grpc=True))
-        fns["torus-tf-nochunks-grpc"] = graph(tftorus_fn("torus", setup.tf_comm, 1, grpc=True))
-        fns["planned-tf-grpc"] = graph(tftorus_fn("auto", setup.tf_comm, planned=True,
-                                                  grpc=True))
+        if setup.shared_memory is not None:
+            fns["torus-tf-shm"] = graph(tftorus_fn("torus", setup.tf_comm, shared_memory=True))
+            fns["torus-tf-nochunks-shm"] = graph(tftorus_fn("torus", setup.tf_comm, 1,
+                                                            shared_memory=True))
+            fns["planned-tf-shm"] = graph(tftorus_fn("auto", setup.tf_comm, planned=True,
+                                                     shared_memory=True))
         if workload.compression == "none":  # MWMS sends what it is given: FP32 here
             fns["mwms"] = graph(mwms_allreduce_fn(setup.tf_comm))
     return fns
@@ -565,7 +575,8 @@ def worker(args) -> None:
     import logging
     logging.basicConfig(format="%(message)s")  # tftorus' plan and links, from rank 0 only
     logging.getLogger("tftorus").setLevel(logging.INFO)
-    setup = start_tftorus(args.grid, int(args.fusion_threshold_mb * (1 << 20)), args.tf_alone)
+    setup = start_tftorus(args.grid, int(args.fusion_threshold_mb * (1 << 20)), args.tf_alone,
+                          any(v.endswith("-shm") for v in args.variants or ()))
     rank, size = setup.job_comm.rank, setup.job_comm.size
     env = {k: os.environ.get(k, "") for k in ("HOROVOD_CYCLE_TIME", "HOROVOD_FUSION_THRESHOLD")}
     meta = {"np": size, "grid": str(setup.grid), "repeats": args.repeats,

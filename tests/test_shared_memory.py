@@ -14,7 +14,7 @@ from tftorus.engines import shared_memory
 
 class RulesTest(unittest.TestCase):
     def test_the_switch(self):
-        for value, on in (("", True), ("0", False), ("off", False), ("1", True), ("on", True)):
+        for value, on in (("", False), ("0", False), ("off", False), ("1", True), ("on", True)):
             with mock.patch.dict(os.environ, {shared_memory.ENV: value}):
                 self.assertIs(shared_memory.requested(), on, value)
         with mock.patch.dict(os.environ, {shared_memory.ENV: "shm"}):
@@ -95,7 +95,7 @@ class TwoHostsJobTest(unittest.TestCase):
             [harness.worker("shared_memory_check.py")], 4, lambda i: {
                 "TF_CONFIG": json.dumps({"cluster": {"worker": workers},
                                          "task": {"type": "worker", "index": i}}),
-                shared_memory.ENV: None}, timeout=300)  # the default
+                shared_memory.ENV: "1"}, timeout=300)
         self.assertEqual(result.returncode, 0, harness.describe(result))
         self.assertEqual(result.output.count("shared memory: 30 checks, 0 failed"), 4,
                          harness.describe(result))

@@ -1,6 +1,6 @@
 """Worker: the tf engine's rows through shared memory, against the same rows over gRPC.
 
-    # four ranks as two hosts of two, the default settings (tests/test_shared_memory.py)
+    # four ranks as two hosts of two, TFTORUS_TF_SHARED_MEMORY=1 (tests/test_shared_memory.py)
 
 Checked on every rank:
 - the handshake found this host's two ranks, and only them

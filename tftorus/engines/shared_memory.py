@@ -28,7 +28,7 @@ Where: CPU devices (on GPUs NCCL moves the bytes), groups whose ranks share a ho
 see each other's segments with at least MIN_FREE_BYTES free in /dev/shm (checked once at start:
 containers sharing a network but not /dev/shm do not; a container's 64 MiB /dev/shm is too
 small), buffers of at least MIN_BYTES (below it the two tiny all-gathers cost more than gRPC saves).
-`TFTORUS_TF_SHARED_MEMORY=0` keeps every byte on gRPC.
+`TFTORUS_TF_SHARED_MEMORY=1` asks for it; unset or 0, every byte stays on gRPC.
 """
 import atexit
 import hashlib
@@ -57,11 +57,12 @@ Group = Tuple[int, ...]
 
 
 def requested() -> bool:
-    """Whether to try it: unless TFTORUS_TF_SHARED_MEMORY is 0 (the handshake then decides)."""
+    """Whether to try it: where TFTORUS_TF_SHARED_MEMORY is 1 (the handshake then decides).
+    Off by default until it beats gRPC in every emulated cell (docs/studies/planner.md)."""
     value = os.environ.get(ENV, "").strip().lower()
-    if value in ("0", "false", "off", "no"):
+    if value in ("", "0", "false", "off", "no"):
         return False
-    if value in ("", "1", "true", "on", "yes"):
+    if value in ("1", "true", "on", "yes"):
         return True
     raise ValueError(f"{ENV} must be 1 (on where it can be) or 0 (off), got {value!r}")
 
