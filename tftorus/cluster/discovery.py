@@ -121,6 +121,12 @@ def free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
+def host_names(workers) -> list:
+    """Each worker's host, loopback names as one ("localhost", horovodrun's name for it)."""
+    hosts = [split_address(w)[0] for w in workers]
+    return ["localhost" if h in LOOPBACK_NAMES else h for h in hosts]
+
+
 def split_address(address: str) -> Tuple[str, int]:
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit():

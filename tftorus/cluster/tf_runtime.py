@@ -18,8 +18,8 @@ import os
 from typing import Dict, Optional
 
 from tftorus.cluster import gpu_per_process
-from tftorus.cluster.discovery import (JOB, LOOPBACK_NAMES, Cluster, discover, launched,
-                                       split_address)
+from tftorus.cluster.discovery import (JOB, Cluster, discover, host_names,
+                                       launched, split_address)
 from tftorus.launch import rank_layout  # the launcher's HOROVOD_* variables (stdlib only)
 
 logger = logging.getLogger(__name__)
@@ -86,8 +86,7 @@ def horovod_variables(cluster: Cluster) -> Dict[str, str]:
     Where that disagrees with the launcher's own local rank or size (mpirun across "hosts" that
     share one TFTORUS_TF_HOST), the launcher's wins: hosts of local_size ranks each, in rank
     order (Open MPI's default mapping)."""
-    hosts = [split_address(w)[0] for w in cluster.workers]
-    hosts = ["localhost" if h in LOOPBACK_NAMES else h for h in hosts]
+    hosts = host_names(cluster.workers)
     values = rank_layout.horovod_variables(hosts, cluster.rank)
     if (int(values["HOROVOD_LOCAL_RANK"]), int(values["HOROVOD_LOCAL_SIZE"])) != \
             (cluster.local_rank, cluster.local_size):

@@ -80,7 +80,7 @@ import tensorflow as tf
 from tensorflow.python.framework import errors, ops
 from tensorflow.python.ops import collective_ops, gen_collective_ops, resource_variable_ops
 
-from tftorus.cluster.discovery import LOOPBACK_NAMES, Cluster, split_address
+from tftorus.cluster.discovery import Cluster, host_names
 from tftorus.engines import graph_homes, peer_health, shared_memory
 from tftorus.torus.communicator import Communicator, Group, choose_reduce_scatter, sum_in_fp32
 
@@ -241,8 +241,7 @@ class TFCollectiveCommunicator(Communicator):
             self.shared_memory = self._start_shared_memory()
 
     def _start_shared_memory(self) -> "shared_memory.SharedMemoryTransport":
-        hosts = [split_address(w)[0] for w in self._cluster.workers]
-        hosts = ["localhost" if h in LOOPBACK_NAMES else h for h in hosts]
+        hosts = host_names(self._cluster.workers)
         transport = shared_memory.SharedMemoryTransport(
             self.rank, shared_memory.job_tag(self._cluster.workers),
             lambda ints, group: self._gather_equal(ints, group), self.tf_order)
