@@ -17,6 +17,13 @@ reads its part from every member's segment; a second tiny all-gather says that e
 reading, and the segments return to their pools. Every wait is a TF collective, so a lost peer
 surfaces as the engine's usual error (its peer health monitor), never as a hang here.
 
+The bytes cross between TF and the segments through DLPack, not numpy: a py_function's input
+turned `.numpy()` is a copy, and a numpy array it returns is copied again into a tensor. With
+DLPack the write copies once and the read copies once, into a tensor TF owns (tf.stack of the
+members' blocks, which TF never writes in place): a 24 MiB write took 7.6 ms against 13.7, its
+read 4.9 ms against 17.6 (one rank, TF 2.15). Each block starts 64-byte aligned, as TF requires
+of memory it is lent.
+
 The bytes summed and their order are those of the gRPC path (the members' blocks stacked in TF's
 member order, summed by the same `sum_in_fp32`), so the transport changes no bit of a result.
 
@@ -40,6 +47,13 @@ from typing import Callable, Dict, List, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.eager import context
+
+try:  # both stacks have them; a build without falls back to numpy's copies
+    from tensorflow.experimental import dlpack as _dlpack
+    _HAVE_DLPACK = hasattr(np, "from_dlpack")
+except ImportError:  # pragma: no cover
+    _dlpack, _HAVE_DLPACK = None, False
 
 ENV = "TFTORUS_TF_SHARED_MEMORY"
 SHM_DIR = "/dev/shm"
@@ -53,6 +67,8 @@ MIN_BYTES = 4 << 20
 #: (ResNet-50: 98 MiB in FP32), 8 ranks of a GPU-sized host near 1 GiB together.
 MIN_FREE_BYTES = 1 << 30
 _ALIGN = 1 << 20  # segments are made in whole MiB, so buffers of nearby sizes share one
+#: Where every block starts in a segment: TF aborts on a lent buffer not aligned to 64 bytes.
+BLOCK_ALIGN = 64
 Group = Tuple[int, ...]
 
 
@@ -134,6 +150,7 @@ class SharedMemoryTransport:
         self._free: Dict[Group, List[int]] = {}
         self._peers: Dict[Tuple[int, Group, int], _Segment] = {}
         self.ranks: frozenset = frozenset()  # ranks reachable this way (`handshake`)
+        self.reads = {"lent": 0, "copied": 0}  # how reads reached TF (DLPack, or numpy's copy)
         atexit.register(self.close)
 
     # -- which groups ---------------------------------------------------------------------
@@ -213,34 +230,47 @@ class SharedMemoryTransport:
 
     # -- the two collectives --------------------------------------------------------------
 
-    def _write(self, group: Group, tensor: tf.Tensor) -> np.ndarray:
-        values = tensor.numpy()
-        index = self._lease(group, values.nbytes)
-        np.copyto(self._own[group][index].view(values.dtype, values.size), values.reshape(-1))
+    def _write(self, group: Group, blocks: int, tensor: tf.Tensor) -> np.ndarray:
+        """`tensor` into a leased segment as `blocks` equal blocks, each at an aligned start."""
+        values = _as_numpy(tensor).reshape(blocks, -1)
+        stride = _stride(values.shape[1], values.dtype)
+        index = self._lease(group, blocks * stride * values.dtype.itemsize)
+        segment = self._own[group][index]
+        for block in range(blocks):
+            np.copyto(segment.view(values.dtype, values.shape[1], block * stride), values[block])
         return np.array([index], np.int32)
 
-    def _read(self, group: Group, dtype: np.dtype, count: int, offset: int,
-              owners: Sequence[int], indices: tf.Tensor) -> Tuple[np.ndarray, np.ndarray]:
-        """`count` items at `offset` of each owner's segment, stacked in `owners`' order, and a
-        flag that exists only once they are read (what the second all-gather waits for)."""
+    def _read(self, group: Group, dtype: np.dtype, count: int, block: int,
+              owners: Sequence[int], indices: tf.Tensor):
+        """Block number `block` (`count` items) of each owner's segment, stacked in `owners`'
+        order, and a flag that exists only once they are read (what the second all-gather
+        waits for)."""
         numbers = dict(zip(group, indices.numpy().tolist()))
-        out = np.empty([len(owners), count], dtype)
-        for row, owner in enumerate(owners):
-            np.copyto(out[row], self._segment(owner, group, numbers[owner]).view(dtype, count,
-                                                                                 offset))
+        offset = block * _stride(count, dtype)
+        views = [self._segment(owner, group, numbers[owner]).view(dtype, count, offset)
+                 for owner in owners]
+        if _lendable(views):
+            # a tensor TF owns, complete when the stack returns (eager ops run in order here)
+            out = tf.stack([_dlpack.from_dlpack(v.__dlpack__()) for v in views])
+            self.reads["lent"] += 1
+        else:
+            out = np.stack(views)
+            self.reads["copied"] += 1
         return out, np.zeros([1], np.int32)
 
     def _done(self, group: Group, indices: tf.Tensor, _all_read: tf.Tensor) -> np.ndarray:
         self._release(group, dict(zip(group, indices.numpy().tolist()))[self.rank])
         return np.zeros([1], np.int32)
 
-    def _exchange(self, group: Group, tensor: tf.Tensor, read: Callable[[tf.Tensor], tuple]
-                  ) -> tf.Tensor:
-        """Write `tensor`, swap segment numbers, `read(numbers)`, then agree that all have read.
+    def _exchange(self, group: Group, tensor: tf.Tensor, read: Callable[[tf.Tensor], tuple],
+                  gather_blocks: bool) -> tf.Tensor:
+        """Write `tensor` (as one block per member where `gather_blocks`, for the reduce-scatter),
+        swap segment numbers, `read(numbers)`, then agree that all have read.
         The flag of the second all-gather comes out of the reading op itself: a value merely
         computed from `out` (its size, say) is folded to a constant when the graph is
         optimized, and the segments would be given back while peers still read them."""
-        mine = tf.py_function(partial(self._write, group), [tensor], tf.int32)
+        blocks = len(group) if gather_blocks else 1
+        mine = tf.py_function(partial(self._write, group, blocks), [tensor], tf.int32)
         mine.set_shape([1])
         indices = self._gather_ints(mine, group)  # every member's data is in place
         out, read_flag = read(indices)
@@ -257,15 +287,14 @@ class SharedMemoryTransport:
         shard = tensor.shape[0] // n
         dtype = tensor.dtype.as_numpy_dtype
         owners = self._tf_order(group)
-        offset = group.index(self.rank) * shard
 
         def read(indices):
             out, flag = tf.py_function(partial(self._read, group, np.dtype(dtype), shard,
-                                               offset, owners), [indices],
+                                               group.index(self.rank), owners), [indices],
                                        [tensor.dtype, tf.int32])
             out.set_shape([n, shard])
             return out, flag
-        return self._exchange(group, tensor, read)
+        return self._exchange(group, tensor, read, gather_blocks=True)
 
     def all_gather(self, tensor: tf.Tensor, group: Group) -> tf.Tensor:
         """Every member's equal-sized 1-D tensor, concatenated in group order."""
@@ -277,5 +306,40 @@ class SharedMemoryTransport:
                                                group), [indices], [tensor.dtype, tf.int32])
             out.set_shape([len(group), count])
             return tf.reshape(out, [len(group) * count]), flag
-        return self._exchange(group, tensor, read)
+        return self._exchange(group, tensor, read, gather_blocks=False)
 
+
+
+def _stride(count: int, dtype: np.dtype) -> int:
+    """Items from one block's start to the next's: `count` rounded up to BLOCK_ALIGN bytes."""
+    per = BLOCK_ALIGN // np.dtype(dtype).itemsize
+    return -(-count // per) * per
+
+
+class _Lent:
+    """A TF tensor as numpy's np.from_dlpack takes it (an object with the two methods)."""
+
+    def __init__(self, tensor: tf.Tensor):
+        self.tensor = tensor
+
+    def __dlpack__(self, stream=None):
+        return _dlpack.to_dlpack(self.tensor)
+
+    def __dlpack_device__(self):
+        return (1, 0)  # kDLCPU, device 0
+
+
+def _as_numpy(tensor: tf.Tensor) -> np.ndarray:
+    """A py_function's CPU input as numpy without a copy where DLPack can lend it (numpy has no
+    bfloat16: those are copied)."""
+    if _HAVE_DLPACK and tensor.dtype != tf.bfloat16 and tensor.shape.num_elements():
+        return np.from_dlpack(_Lent(tensor))
+    return tensor.numpy()
+
+
+def _lendable(views: Sequence[np.ndarray]) -> bool:
+    """Whether TF can borrow these blocks: DLPack there, dtypes numpy and TF share, every start
+    aligned, and eager ops synchronous (an async op could read a block after it is given back)."""
+    return (_HAVE_DLPACK and len(views) > 1 and views[0].dtype.isbuiltin == 1  # not bfloat16
+            and all(v.ctypes.data % BLOCK_ALIGN == 0 for v in views)
+            and not context.context().is_async())
