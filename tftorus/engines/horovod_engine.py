@@ -15,7 +15,7 @@ _HVD_OPS = {"sum": hvd.Sum, "max": hvd.Max, "min": hvd.Min}
 
 #: The row reduce-scatter defaults to 'alltoall': with Horovod 0.28.1's Gloo ops it measured 3-5x
 #: as fast as hvd.reducescatter here (docs/studies/benchmarks.md). 'native' (hvd.reducescatter) is
-#for : NCCL on GPUs only: on Gloo it returned wrong sums inside our graphs in the benchmark.
+#: for NCCL on GPUs only: on Gloo it returned wrong sums inside our graphs in the benchmark.
 NATIVE_REFUSED = (
     "reduce_scatter_impl='native' needs Horovod built with NCCL: on Gloo, hvd.reducescatter "
     "measured 3-5x slower than the default 'alltoall' and returned a wrong sum for ResNet-50's "

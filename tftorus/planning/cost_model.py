@@ -81,7 +81,7 @@ PARAM_NAMES = ("alpha_intra", "beta_intra", "alpha_inter", "beta_inter", "gamma"
 
 #: Algorithms the model has phases for. Not the registry tftorus runs them from
 #: (tftorus.torus.algorithms.ALGORITHMS): 'ring', 'torus' and 'hierarchical' are its entries of
-#those : names; 'hvd' is Horovod's own hvd.allreduce, the same flat ring without tftorus around it;
+#: those names; 'hvd' is Horovod's own hvd.allreduce, the same flat ring without tftorus around it;
 #: 'auto' is no algorithm of its own (it picks one of these per buffer, algorithms.choose).
 MODELLED_ALGORITHMS = ("ring", "torus", "hierarchical", "hvd")
 #: Torus phases that can be measured (and fitted) alone.

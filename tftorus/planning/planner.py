@@ -76,9 +76,9 @@ LINKS_ENV = "TFTORUS_LINKS"
 #: The first steps get the plan whose step is nearest the best in the worst of backward passes
 #: these many times as long as the fastest all-reduce alone (first_plan; gradients ready one
 #: tensor after the other in reverse order: assumed_profile). Judged by the all-reduce alone, the
-#planner picked one : buffer, which hides nothing: 0.77 of Horovod's optimizer's step against 0.73
-#with 16 MiB : buckets (emulated 2 x 2, FP16); judged by one backward pass 1.5x the all-reduce, 45
-#small : buckets where the step was the all-reduce (docs/studies/planner.md).
+#: planner picked one buffer, which hides nothing: 0.77 of Horovod's optimizer's step against 0.73
+#: with 16 MiB buckets (emulated 2 x 2, FP16); judged by one backward pass 1.5x the all-reduce, 45
+#: small buckets where the step was the all-reduce (docs/studies/planner.md).
 ASSUMED_BACKWARDS = (0.1, 0.3, 1.0, 3.0)
 #: The backward pass' share of the compute (forward + backward), to judge a step by its length.
 BACKWARD_SHARE = 2.0 / 3.0

@@ -52,10 +52,11 @@ from tftorus.torus.communicator import Communicator
 from tftorus.torus.grid import TorusGrid
 
 #: Chunk sizes, measured on the emulated 2 x 2 cluster at 0.25 Gbit/s
-#(docs/studies/emulated_cluster.md): : the pipeline's fill and drain are one chunk's row phases, so
-#small chunks hide more, while : each chunk's three collectives pay a fixed cost (a few ms here,
-#hidden behind the network : while the column is busy). 1 MiB chunks of a 16 MiB buffer and 4 MiB
-#chunks of 64 MiB were : the fastest tried; 4 chunks of 16 MiB left the tf engine 1.13x slower.
+#: (docs/studies/emulated_cluster.md): the pipeline's fill and drain are one chunk's row phases,
+#: so small chunks hide more, while each chunk's three collectives pay a fixed cost (a few ms
+#: here, hidden behind the network while the column is busy). 1 MiB chunks of a 16 MiB buffer and
+#: 4 MiB chunks of 64 MiB were the fastest tried; 4 chunks of 16 MiB left the tf engine 1.13x
+#: slower.
 MIN_CHUNK_BYTES = 1 << 20
 MAX_CHUNKS = 16
 
