@@ -1,5 +1,6 @@
-"""Check a GPU machine before a long job: each rank on its own GPU, NCCL all-reduces, a
-mixed-precision `fit` compiled with jit_compile=False, the same weights on every rank.
+"""Check a GPU machine before a long job: each rank on its own GPU, NCCL all-reduces (and
+no /dev/shm transport), a mixed-precision `fit` compiled with jit_compile=False, the same
+weights on every rank.
 
     python -m tftorus.run -np 2 run_scripts/gpu_check.py --require-gpus     # 2 GPUs, one host
     python -m tftorus.run -np 16 -H h1:8,h2:8 run_scripts/gpu_check.py --require-gpus
@@ -19,6 +20,7 @@ import tensorflow as tf
 
 import tftorus
 import tftorus.keras as hvd
+from tftorus.runtime import process_state
 
 
 def main(argv):
@@ -49,6 +51,11 @@ def main(argv):
         bus, where = "cpu", "no GPU: the CPU"
     print(f"[rank {rank}] host {socket.gethostname()}, local rank {hvd.local_rank()} of "
           f"{hvd.local_size()}: {where}", flush=True)
+
+    # On GPUs the tf engine's bytes go through NCCL, never through /dev/shm segments.
+    comm = process_state.communicator()
+    if visible and getattr(comm, "shared_memory", None) is not None:
+        failures.append("the tf engine took its rows through /dev/shm on a GPU")
 
     # No two ranks of a host on one GPU (NCCL refuses that).
     hosts = tftorus.allgather_object((socket.gethostname(), bus))

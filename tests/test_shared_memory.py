@@ -22,6 +22,14 @@ class RulesTest(unittest.TestCase):
                                                     "got 'shm'"):
                 shared_memory.requested()
 
+    def test_only_several_ranks_on_cpus(self):
+        with mock.patch.dict(os.environ, {shared_memory.ENV: "1"}):
+            self.assertTrue(shared_memory.applies(2, gpu=False))
+            self.assertFalse(shared_memory.applies(2, gpu=True))  # NCCL moves a GPU's bytes
+            self.assertFalse(shared_memory.applies(1, gpu=False))
+        with mock.patch.dict(os.environ, {shared_memory.ENV: "0"}):
+            self.assertFalse(shared_memory.applies(2, gpu=False))
+
     def transport(self, rank=0):
         return shared_memory.SharedMemoryTransport(
             rank, f"test{os.getpid()}", gather_ints=None, tf_order=tuple)

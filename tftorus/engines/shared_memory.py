@@ -83,6 +83,12 @@ def requested() -> bool:
     raise ValueError(f"{ENV} must be 1 (on where it can be) or 0 (off), got {value!r}")
 
 
+def applies(world_size: int, gpu: bool) -> bool:
+    """Whether the tf engine tries it: a job of several ranks on CPUs (on GPUs NCCL moves the
+    bytes, and a segment in host memory would add two copies across PCIe), where asked."""
+    return world_size > 1 and not gpu and requested()
+
+
 def free_bytes() -> int:
     stat = os.statvfs(SHM_DIR)
     return stat.f_bavail * stat.f_frsize

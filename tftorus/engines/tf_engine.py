@@ -237,7 +237,7 @@ class TFCollectiveCommunicator(Communicator):
             self.health.start()
         # ranks of this host exchange row data through /dev/shm where asked (shared_memory.py)
         self.shared_memory = None
-        if cluster.size > 1 and not gpu and shared_memory.requested():
+        if shared_memory.applies(cluster.size, gpu):
             self.shared_memory = self._start_shared_memory()
 
     def _start_shared_memory(self) -> "shared_memory.SharedMemoryTransport":
