@@ -35,8 +35,9 @@ run it) and times:
            tftorus chooses (across hosts, from 2 MiB)
   torus-tf-nochunks   torus-tf without the chunk pipeline
   torus-tf-shm, torus-tf-nochunks-shm, planned-tf-shm   the same with the rows of a host through
-           shared memory (TFTORUS_TF_SHARED_MEMORY, tftorus/engines/shared_memory.py), in the
-           same job as those without it
+           shared memory (tftorus/engines/shared_memory.py), in the same job as those without
+           it; the tf engine's default on CPUs, so planned-tf-shm is what its users get and the
+           names without -shm are TFTORUS_TF_SHARED_MEMORY=0
   torus-tf-chunks<K>  torus-tf with each fused buffer forced into K chunks (--chunks)
   planned, planned-tf  tftorus' default on each engine: algorithm 'auto', buckets, chunks and
            algorithm per bucket from the planner (tftorus/planning/planner.py) and the links init()
@@ -249,8 +250,9 @@ def start_tftorus(grid_spec, fusion_bytes: int, tf_alone: bool,
     import tftorus
     from tftorus.runtime import process_state
     if tf_alone:  # before any other TF call: TF joins its cluster when it starts
-        if shared_memory:
-            os.environ["TFTORUS_TF_SHARED_MEMORY"] = "1"
+        # the transport (on by default) only where *-shm variants are asked: its handshake and
+        # segments are no part of the others
+        os.environ["TFTORUS_TF_SHARED_MEMORY"] = "1" if shared_memory else "0"
         tftorus.init(grid=grid_spec, engine="tf")
         from tftorus.runtime.stack import hvd
         if hvd is not None and hvd.is_initialized():  # its idle cycles are what we avoid

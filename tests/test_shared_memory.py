@@ -14,7 +14,7 @@ from tftorus.engines import shared_memory
 
 class RulesTest(unittest.TestCase):
     def test_the_switch(self):
-        for value, on in (("", False), ("0", False), ("off", False), ("1", True), ("on", True)):
+        for value, on in (("", True), ("0", False), ("off", False), ("1", True), ("on", True)):
             with mock.patch.dict(os.environ, {shared_memory.ENV: value}):
                 self.assertIs(shared_memory.requested(), on, value)
         with mock.patch.dict(os.environ, {shared_memory.ENV: "shm"}):

@@ -35,7 +35,7 @@ Where: CPU devices (on GPUs NCCL moves the bytes), groups whose ranks share a ho
 see each other's segments with at least MIN_FREE_BYTES free in /dev/shm (checked once at start:
 containers sharing a network but not /dev/shm do not; a container's 64 MiB /dev/shm is too
 small), buffers of at least MIN_BYTES (below it the two tiny all-gathers cost more than gRPC saves).
-`TFTORUS_TF_SHARED_MEMORY=1` asks for it; unset or 0, every byte stays on gRPC.
+It is on by default; `TFTORUS_TF_SHARED_MEMORY=0` keeps every byte on gRPC.
 """
 import atexit
 import hashlib
@@ -73,19 +73,18 @@ Group = Tuple[int, ...]
 
 
 def requested() -> bool:
-    """Whether to try it: where TFTORUS_TF_SHARED_MEMORY is 1 (the handshake then decides).
-    Off by default until it beats gRPC in every emulated cell (docs/studies/planner.md)."""
+    """Whether to try it (the handshake then decides): unless TFTORUS_TF_SHARED_MEMORY is 0."""
     value = os.environ.get(ENV, "").strip().lower()
-    if value in ("", "0", "false", "off", "no"):
+    if value in ("0", "false", "off", "no"):
         return False
-    if value in ("1", "true", "on", "yes"):
+    if value in ("", "1", "true", "on", "yes"):
         return True
     raise ValueError(f"{ENV} must be 1 (on where it can be) or 0 (off), got {value!r}")
 
 
 def applies(world_size: int, gpu: bool) -> bool:
     """Whether the tf engine tries it: a job of several ranks on CPUs (on GPUs NCCL moves the
-    bytes, and a segment in host memory would add two copies across PCIe), where asked."""
+    bytes, and a segment in host memory would add two copies across PCIe), unless turned off."""
     return world_size > 1 and not gpu and requested()
 
 

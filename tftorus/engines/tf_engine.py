@@ -235,7 +235,7 @@ class TFCollectiveCommunicator(Communicator):
                 raise CollectiveError(f"tftorus tf engine: the job's processes did not all "
                                       f"come up: {not_up}")
             self.health.start()
-        # ranks of this host exchange row data through /dev/shm where asked (shared_memory.py)
+        # ranks of this host exchange row data through /dev/shm where they can (shared_memory.py)
         self.shared_memory = None
         if shared_memory.applies(cluster.size, gpu):
             self.shared_memory = self._start_shared_memory()
@@ -252,7 +252,7 @@ class TFCollectiveCommunicator(Communicator):
         if self.rank == 0 and len(mates) > 1:
             if transport.ranks:
                 logger.info("tftorus tf engine: ranks of a host exchange their rows through "
-                            "/dev/shm (%s=1)", shared_memory.ENV)
+                            "/dev/shm (%s=0: over gRPC)", shared_memory.ENV)
             else:
                 logger.info("tftorus tf engine: ranks of a host exchange their rows over gRPC: "
                             "not all could map each other's segments in /dev/shm with %d MiB "
