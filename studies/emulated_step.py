@@ -24,6 +24,8 @@ processes:
   default-tf  tftorus' default on its tf engine (TensorFlow's collective ops: its rows and
             columns run at once) under horovodrun, Horovod started beside it for hvd and the
             Horovod-engine variants (tftorus.init(engine='tf', with_horovod=True))
+  default-grpc  (current stack) the default with the tf engine's rows of a host over gRPC
+            instead of /dev/shm (tftorus/engines/shared_memory.py), in the same processes
   compute   the plain optimizer, no reduction: the compute alone, with every rank at work
 
 --fusion-mb sets tftorus' bucket size for its variants (Horovod's optimizer keeps its own).
@@ -83,6 +85,7 @@ MWMS' all-reduce alone is its replica context's all_reduce(SUM) of the gradient-
 every wire's table as the peer. The ratio column is step / peer (hvd or mwms).
 """
 import argparse
+import contextlib
 import csv
 import os
 import statistics
@@ -102,7 +105,9 @@ CLASSIC_VARIANTS = VARIANTS + ("default-tf",)  # the tf engine beside Horovod's
 MWMS_PACKS = ("mwms-pack4", "mwms-pack16", "mwms-pack32")
 MWMS_VARIANTS = ("mwms", "mwms-as-shipped") + MWMS_PACKS  # the current stack's peers, each
 #                                                         # in its own launches
-CURRENT_VARIANTS = MWMS_VARIANTS + VARIANTS[1:]
+#: the current stack's default with the tf engine's rows of a host over gRPC, not /dev/shm
+#: (TFTORUS_TF_SHARED_MEMORY=0 for this model alone), beside the default in the same processes
+CURRENT_VARIANTS = MWMS_VARIANTS + VARIANTS[1:] + ("default-grpc",)
 FIELDS = ("hosts", "ranks_per_host", "link_gbit", "wire", "repeat", "variant", "step_s",
           "allreduce_s", "step_cpu_s", "allreduce_cpu_s", "model")
 
@@ -324,7 +329,7 @@ def torus_worker(args) -> None:
             return hvd_keras.DistributedOptimizer(sgd, compression=getattr(
                 hvd_keras.Compression, "fp16" if wire == "fp16" else "none"))
         compression = getattr(tftorus.Compression, "fp16" if wire == "fp16" else "none")
-        torus = {} if variant in ("default", "replanned", "default-tf") else {
+        torus = {} if variant in ("default", "replanned", "default-tf", "default-grpc") else {
             "algorithm": variant}
         if both_engines:  # the tf engine is init's; the others stay on Horovod's
             torus["engine"] = "tf" if variant == "default-tf" else "horovod"
@@ -350,8 +355,11 @@ def torus_worker(args) -> None:
                     lambda g, o=opt, m=model: o._allreduce_grads(g, m.trainable_variables),
                     autograph=False)
             built[variant] = (model, reduce_fn, grads)
-            if variant != "replanned":  # it is clocked below, at the step it is timed at
-                model.fit(data, steps_per_epoch=1, epochs=1, verbose=0)
+            with rows_over_grpc(variant == "default-grpc"):  # its graphs traced so
+                if variant != "replanned":  # it is clocked below, at the step it is timed at
+                    model.fit(data, steps_per_epoch=1, epochs=1, verbose=0)
+                if reduce_fn is not None:
+                    reduce_fn.get_concrete_function(grads)
             plans[variant] = [p for key, p in reduction._plans.items() if key not in plans_before]
         if args.ratio is not None:  # the virtual step: hvd's all-reduce alone / ratio
             _, reduce_fn, grads = built["hvd"]
@@ -403,6 +411,21 @@ def torus_worker(args) -> None:
                       flush=True)
         del built
     tftorus.shutdown()
+
+
+@contextlib.contextmanager
+def rows_over_grpc(on: bool):
+    """Graphs traced inside take the tf engine's rows over gRPC, not through /dev/shm."""
+    from tftorus.runtime import process_state
+    comm = process_state.communicator()
+    transport = getattr(comm, "shared_memory", None)
+    if on:
+        comm.shared_memory = None
+    try:
+        yield
+    finally:
+        if on:
+            comm.shared_memory = transport
 
 
 def fit_step(tf, args, model, data) -> Tuple[float, float]:
