@@ -7,7 +7,7 @@ of its CPU to memmove). Where the cores are what limits the all-reduce (many ran
 CPU quota), the torus' row phases then cost more than its column crosses the network. Through
 shared memory a member writes its data once and every member reads what it needs once:
 measured on one host of 8 ranks (a 2 x 4 torus, both rows here), ResNet-50's 97.6 MiB FP32 set
-took 2,293 ms over gRPC and 1,608 ms with the rows this way (`torus-tf-nochunks` against
+took 2,491 ms over gRPC and 910 ms with the rows this way (`torus-tf-nochunks` against
 `torus-tf-nochunks-shm` in studies/benchmark_allreduce.py, docs/studies/planner.md).
 
 How: each rank leases a segment of its own (a file in /dev/shm, per group, reused from call to
@@ -312,7 +312,6 @@ class SharedMemoryTransport:
             out.set_shape([len(group), count])
             return tf.reshape(out, [len(group) * count]), flag
         return self._exchange(group, tensor, read, gather_blocks=False)
-
 
 
 def _stride(count: int, dtype: np.dtype) -> int:
