@@ -7,6 +7,7 @@ import unittest
 from unittest import mock
 
 import numpy as np
+import tensorflow as tf
 
 from tests import harness
 from tftorus.engines import shared_memory
@@ -29,6 +30,19 @@ class RulesTest(unittest.TestCase):
             self.assertFalse(shared_memory.applies(1, gpu=False))
         with mock.patch.dict(os.environ, {shared_memory.ENV: "0"}):
             self.assertFalse(shared_memory.applies(2, gpu=False))
+
+    def test_blocks_are_lent_to_tf_only_where_it_can_take_them(self):
+        self.assertEqual(shared_memory._stride(1_100_003, np.dtype(np.float32)), 1_100_016)
+        self.assertEqual(shared_memory._stride(32, np.dtype(np.float16)), 32)
+        raw = np.zeros(4096, np.uint8)
+        start = (-raw.ctypes.data) % 64
+        aligned = [raw[start + 64 * i:start + 64 * i + 64].view(np.float32) for i in range(2)]
+        self.assertTrue(shared_memory._lendable(aligned))
+        # TF aborts the process on a lent buffer off a 64-byte boundary: such blocks are copied
+        self.assertFalse(shared_memory._lendable([aligned[0], raw[start + 4:start + 68]
+                                                  .view(np.float32)]))
+        bf16 = np.dtype(tf.bfloat16.as_numpy_dtype)  # no DLPack type in numpy
+        self.assertFalse(shared_memory._lendable([a.view(bf16) for a in aligned]))
 
     def transport(self, rank=0):
         return shared_memory.SharedMemoryTransport(
