@@ -355,10 +355,11 @@ def torus_worker(args) -> None:
                     lambda g, o=opt, m=model: o._allreduce_grads(g, m.trainable_variables),
                     autograph=False)
             built[variant] = (model, reduce_fn, grads)
-            with rows_over_grpc(variant == "default-grpc"):  # its graphs traced so
+            over_grpc = variant == "default-grpc"
+            with rows_over_grpc(over_grpc):  # its graphs are traced here, so they keep it
                 if variant != "replanned":  # it is clocked below, at the step it is timed at
                     model.fit(data, steps_per_epoch=1, epochs=1, verbose=0)
-                if reduce_fn is not None:
+                if over_grpc:
                     reduce_fn.get_concrete_function(grads)
             plans[variant] = [p for key, p in reduction._plans.items() if key not in plans_before]
         if args.ratio is not None:  # the virtual step: hvd's all-reduce alone / ratio
