@@ -22,6 +22,7 @@ import tensorflow as tf
 import tftorus
 from tests import harness
 from tftorus.cluster import discovery, tf_runtime
+from tftorus.engines import shared_memory
 from tftorus.engines.tf_engine import EagerTimeouts, explain, tf_member_order
 from tftorus.runtime import process_state, reduction, stack
 
@@ -213,7 +214,10 @@ class KilledWorkerTest(tf.test.TestCase):
         timeout = 8
         result = harness.run_tf_config(
             [harness.worker("tf_engine_kill.py"), "--timeout", str(timeout), "--victim", "2",
-             "--kill_before_first"], np=3, timeout=180)
+             "--kill_before_first"], np=3, timeout=180,
+            # the shared-memory handshake runs collectives inside init(); this rank must die
+            # before its first (with it, a survivor hears "unreachable" at once, as above)
+            env={shared_memory.ENV: "0"})
         self.assertFalse(result.timed_out, harness.describe(result))
         self.assertEqual(result.returncodes, (3, 3, -9), harness.describe(result))
         failed = re.findall(r"FAILED after ([\d.]+)s \(([\d.]+)s since init.*?: "
