@@ -38,7 +38,8 @@ run it) and times:
            shared memory (tftorus/engines/shared_memory.py), in the same job as those without
            it; the tf engine's default on CPUs, so planned-tf-shm is what its users get and the
            names without -shm are TFTORUS_TF_SHARED_MEMORY=0
-  torus-tf-chunks<K>  torus-tf with each fused buffer forced into K chunks (--chunks)
+  torus-tf-chunks<K>  torus-tf with each fused buffer forced into K chunks (--chunks);
+           torus-tf-chunks<K>-shm the same with the rows in shared memory
   planned, planned-tf  tftorus' default on each engine: algorithm 'auto', buckets, chunks and
            algorithm per bucket from the planner (tftorus/planning/planner.py) and the links init()
            measured (jobs of two hosts or more), not --fusion-threshold-mb
@@ -356,6 +357,8 @@ def variant_fns(setup: Setup, workload: Workload, chunks: int) -> Dict[str, Call
             fns["torus-tf-shm"] = graph(tftorus_fn("torus", setup.tf_comm, shared_memory=True))
             fns["torus-tf-nochunks-shm"] = graph(tftorus_fn("torus", setup.tf_comm, 1,
                                                             shared_memory=True))
+            fns[f"torus-tf-chunks{chunks}-shm"] = graph(tftorus_fn(
+                "torus", setup.tf_comm, chunks, shared_memory=True))
             fns["planned-tf-shm"] = graph(tftorus_fn("auto", setup.tf_comm, planned=True,
                                                      shared_memory=True))
         if workload.compression == "none":  # MWMS sends what it is given: FP32 here

@@ -119,7 +119,7 @@ class TwoHostsJobTest(unittest.TestCase):
                                          "task": {"type": "worker", "index": i}}),
                 shared_memory.ENV: "1"}, timeout=300)
         self.assertEqual(result.returncode, 0, harness.describe(result))
-        self.assertEqual(result.output.count("shared memory: 31 checks, 0 failed"), 4,
+        self.assertEqual(result.output.count("shared memory: 33 checks, 0 failed"), 4,
                          harness.describe(result))
 
 

@@ -86,6 +86,17 @@ for dtype in (tf.float32, tf.float16, tf.bfloat16, tf.int32):
     check(f"{dtype.name} eager reduce-scatter: the bits of the traced one",
           np.array_equal(bits(eager), bits(s_shm)))
 
+# Which row collectives it takes, by the bytes each moves: an all-gather by what it returns
+# (the shard of a bucket just under 16 MiB is under MIN_BYTES, its result is not), a
+# reduce-scatter by what it is given
+half = data(rank, tf.float16)[:shard]  # 2.2 MB: under MIN_BYTES; two of them are over it
+before = sum(transport.reads.values())
+comm.all_gather(half, ROW, equal_sizes=True)
+check("an all-gather returning 4.4 MB of 2.2 MB shards went through shared memory",
+      sum(transport.reads.values()) == before + 1)
+comm.reduce_scatter(half[:shard - 1], ROW)  # an even length
+check("a reduce-scatter of 2.2 MB stayed on gRPC", sum(transport.reads.values()) == before + 1)
+
 check(f"FP32, FP16 and int32 reads lent to TF, BF16's copied: {transport.reads}",
       transport.reads["copied"] > 0 and transport.reads["lent"] >= 3 * transport.reads["copied"])
 own = transport._own.get(ROW, [])

@@ -34,7 +34,8 @@ posix_fallocate, so a full /dev/shm is an error that says so, not a SIGBUS.
 Where: CPU devices (on GPUs NCCL moves the bytes), groups whose ranks share a host address and
 see each other's segments with at least MIN_FREE_BYTES free in /dev/shm (checked once at start:
 containers sharing a network but not /dev/shm do not; a container's 64 MiB /dev/shm is too
-small), buffers of at least MIN_BYTES (below it the two tiny all-gathers cost more than gRPC saves).
+small), collectives moving at least MIN_BYTES (a reduce-scatter's input, an all-gather's output:
+below it the two tiny all-gathers cost more than gRPC saves).
 It is on by default; `TFTORUS_TF_SHARED_MEMORY=0` keeps every byte on gRPC.
 """
 import atexit

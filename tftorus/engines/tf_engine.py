@@ -483,7 +483,7 @@ class TFCollectiveCommunicator(Communicator):
         n = len(group)
         if tensor.shape.num_elements() == 0:
             return tf.zeros([n * shape[0]] + shape[1:], tensor.dtype)
-        if self._through_shared_memory(tensor, group):
+        if self._through_shared_memory(tensor, group, moved_factor=n):
             return self.run_collectives(lambda: tf.reshape(self.shared_memory.all_gather(
                 tf.reshape(tensor, [-1]), group), [n * shape[0]] + shape[1:]))
 
@@ -502,9 +502,12 @@ class TFCollectiveCommunicator(Communicator):
     def transport(self) -> str:
         return "tf engine" if self.shared_memory is None else "tf engine, rows in /dev/shm"
 
-    def _through_shared_memory(self, tensor, group) -> bool:
+    def _through_shared_memory(self, tensor, group, moved_factor: int = 1) -> bool:
+        """Whether this row collective goes through /dev/shm: judged by the bytes it moves,
+        the input of a reduce-scatter, the output of an all-gather (`moved_factor` = members), so
+        a torus chunk's two row phases take the same path."""
         return self.shared_memory is not None and self.shared_memory.serves(
-            group, tensor.shape.num_elements() * tensor.dtype.size)
+            group, tensor.shape.num_elements() * tensor.dtype.size * moved_factor)
 
     def _pieces(self, blocks):
         """Split [n, m] blocks along m so one member's block is at most max_message_bytes;
