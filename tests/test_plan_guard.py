@@ -85,6 +85,44 @@ class GuardRulesTest(unittest.TestCase):
         names = [c.name for c in reduction._candidates(plan, rules, unpipelined, make, fixed)]
         self.assertEqual((names, asked), (["the plan", "the fixed 16 MiB torus"], []))
 
+    def test_a_clear_loser_is_timed_once_and_a_close_pair_more(self):
+        """The rounds a choice costs: those far behind after one call are timed no more, a
+        clear choice ends after one round, a close pair is timed until MAX_ROUNDS."""
+        four = [plan_guard.Candidate(n, layout(((0, 1), 8, "torus", k)))
+                for n, k in (("plan", 1), ("fixed", 4), ("unchunked", 2), ("as planned", 8))]
+        # the quota's 2 x 4 FP32 trial: plan 6.06 s, fixed 7.23, the torus without chunks 4.22
+        one_round = [[6.06], [7.23], [4.22], [4.40]]
+        self.assertEqual(plan_guard.contenders(four, one_round, [0, 1, 2, 3]), [2, 3])
+        # one within DROP of the leader's call: decided after one round
+        self.assertEqual(plan_guard.contenders(four, [[6.06], [7.23], [4.22], [5.40]],
+                                               [0, 1, 2, 3]), [])
+        # stalls only add: a slow call does not drop a candidate whose fastest call is close
+        self.assertEqual(plan_guard.contenders(four, [[6.06], [7.23], [4.22, 4.30],
+                                                      [6.50, 4.30]], [2, 3]), [2, 3])
+        # after ROUNDS: the best two while within CLOSE; the third is done even if close
+        close = [[6.0] * 3, [4.30, 4.25, 4.28], [4.20, 4.22, 4.21], [4.26, 4.27, 4.29]]
+        self.assertEqual(plan_guard.contenders(four, close, [0, 1, 2, 3]), [2, 3])
+        apart = [c[:] for c in close]
+        apart[3] = [4.60, 4.61, 4.62]
+        apart[1] = [4.70, 4.71, 4.72]
+        self.assertEqual(plan_guard.contenders(four, apart, [1, 2, 3]), [])
+        settled = [c + c[:2] for c in close]  # MAX_ROUNDS calls
+        self.assertEqual(len(settled[2]), plan_guard.MAX_ROUNDS)
+        self.assertEqual(plan_guard.contenders(four, settled, [2, 3]), [])
+
+    def test_what_a_candidate_hides_keeps_it_timed(self):
+        """A plan whose buckets hide is not dropped for summing slower by less than it hides."""
+        profile = planner.StepProfile((0.008, 0.004), 0.01)
+        hiding = plan_guard.Candidate("plan", layout(((1,), 4, "torus", 1),
+                                                     ((0,), 4, "torus", 1), profile=profile))
+        one = plan_guard.Candidate("fixed", layout(((0, 1), 8, "torus", 1), profile=profile))
+        more = hiding.predicted_hidden - one.predicted_hidden
+        slow = 0.02 + plan_guard.DROP * 0.02 + more / 2  # past DROP alone, not after hiding
+        self.assertEqual(plan_guard.contenders([hiding, one], [[slow], [0.02]], [0, 1]),
+                         [0, 1])
+        self.assertEqual(plan_guard.contenders([hiding, one], [[slow + more], [0.02]],
+                                               [0, 1]), [])
+
     def test_a_bad_setting_says_what_to_write(self):
         with mock.patch.dict(os.environ, {plan_guard.GUARD_ENV: "maybe"}):
             with self.assertRaisesRegex(ValueError, "set 1 .* or 0"):
