@@ -36,7 +36,7 @@ import logging
 import os
 import statistics
 import time
-from typing import Callable, List, Sequence
+from typing import Callable, List, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -127,9 +127,9 @@ def judged(candidates: Sequence[Candidate], measured: Sequence[float]) -> List[f
 
 
 def measure(comm, candidates: Sequence[Candidate], runs: Sequence[Callable[[], object]]
-            ) -> List[List[float]]:
-    """Each candidate's timed calls (seconds, the slowest rank's): a warm-up each (traces, keys,
-    buffers), then rounds of one call of each of `contenders`, in rotated order, every call
+            ) -> Tuple[float, List[List[float]]]:
+    """The warm-ups' seconds (traces, keys, buffers: a call each) and each candidate's timed
+    calls (seconds, the slowest rank's): the warm-ups, then rounds of one call of each of `contenders`, in rotated order, every call
     after a barrier, the round's times agreed by a max over the ranks (the same lists on every
     rank). Every rank calls it at the same point, eagerly."""
     def timed(run) -> float:
@@ -140,8 +140,7 @@ def measure(comm, candidates: Sequence[Candidate], runs: Sequence[Callable[[], o
             t.numpy()  # finished, not just dispatched
         return time.perf_counter() - start
 
-    for run in runs:
-        timed(run)
+    warm_up = sum(timed(run) for run in runs)
     calls: List[List[float]] = [[] for _ in runs]
     going = list(range(len(runs)))
     r = 0
@@ -154,7 +153,7 @@ def measure(comm, candidates: Sequence[Candidate], runs: Sequence[Callable[[], o
             calls[i].append(float(seconds))
         going = contenders(candidates, calls, going)
         r += 1
-    return calls
+    return warm_up, calls
 
 
 def decide(candidates: Sequence[Candidate], measured: Sequence[float]) -> int:
@@ -176,7 +175,7 @@ def check(comm, candidates: Sequence[Candidate], run_of: Callable[[Candidate], C
     if len(candidates) < 2 or not enabled():
         return candidates[0]
     start = time.perf_counter()
-    calls = measure(comm, candidates, [run_of(c) for c in candidates])
+    warm_up, calls = measure(comm, candidates, [run_of(c) for c in candidates])
     measured = [statistics.median(c) for c in calls]
     kept = candidates[decide(candidates, measured)]
     if comm.rank == 0:
@@ -186,7 +185,7 @@ def check(comm, candidates: Sequence[Candidate], run_of: Callable[[Candidate], C
         verdict = ("keeping the plan" if kept is candidates[0]
                    else f"the plan is slower here: running {kept.name} instead")
         logger.info("tftorus: plan guard on %s (the slowest rank's median of the calls in "
-                    "brackets, after a warm-up; %.1f s): %s; %s", what,
-                    time.perf_counter() - start, times, verdict)
+                    "brackets; %.1f s, %.1f s of it the warm-ups): %s; %s", what,
+                    time.perf_counter() - start, warm_up, times, verdict)
     return kept
 
