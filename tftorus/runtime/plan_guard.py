@@ -102,12 +102,12 @@ def distinct(candidates: Sequence[Candidate]) -> List[Candidate]:
 def contenders(candidates: Sequence[Candidate], calls: Sequence[Sequence[float]],
                timed: Sequence[int]) -> List[int]:
     """Which of the candidates `timed` (indices) to time again, given every candidate's calls so
-    far (seconds, the slowest rank's); none when the choice is made. Scores are
-    `judged`'s (the median less the predicted hiding). Before ROUNDS calls a candidate stays
+    far (seconds, the slowest rank's); none when the choice is made, judged by `scores` of the
+    medians. Before ROUNDS calls a candidate stays
     unless even its fastest call trails the leader by DROP; from then on only those within
     CLOSE of the leader stay (the best two at most), and none after MAX_ROUNDS or once one is
     left."""
-    score = judged(candidates, [statistics.median(c) for c in calls])
+    score = scores(candidates, [statistics.median(c) for c in calls])
     lead = min(timed, key=lambda i: (score[i], i))
     scale = statistics.median(calls[lead])
     rounds = min(len(calls[i]) for i in timed)
@@ -120,7 +120,7 @@ def contenders(candidates: Sequence[Candidate], calls: Sequence[Sequence[float]]
     return keep if len(keep) > 1 and rounds < MAX_ROUNDS else []
 
 
-def judged(candidates: Sequence[Candidate], measured: Sequence[float]) -> List[float]:
+def scores(candidates: Sequence[Candidate], measured: Sequence[float]) -> List[float]:
     """Each candidate's measured all-reduce less what its plan predicts the backward pass
     hides."""
     return [m - c.predicted_hidden for c, m in zip(candidates, measured)]
@@ -129,9 +129,10 @@ def judged(candidates: Sequence[Candidate], measured: Sequence[float]) -> List[f
 def measure(comm, candidates: Sequence[Candidate], runs: Sequence[Callable[[], object]]
             ) -> Tuple[float, List[List[float]]]:
     """The warm-ups' seconds (traces, keys, buffers: a call each) and each candidate's timed
-    calls (seconds, the slowest rank's): the warm-ups, then rounds of one call of each of `contenders`, in rotated order, every call
-    after a barrier, the round's times agreed by a max over the ranks (the same lists on every
-    rank). Every rank calls it at the same point, eagerly."""
+    calls (seconds, the slowest rank's): the warm-ups, then rounds of one call of each of
+    `contenders`, in rotated order, every call after a barrier, a round's times agreed by a max
+    over the ranks (the same lists on every rank). Every rank calls it at the same point,
+    eagerly."""
     def timed(run) -> float:
         comm.barrier()
         start = time.perf_counter()
@@ -162,9 +163,9 @@ def decide(candidates: Sequence[Candidate], measured: Sequence[float]) -> int:
     MARGIN (two calls of one collective differ by a few percent on a quiet machine)."""
     if len(candidates) != len(measured) or not candidates:
         raise ValueError("decide() needs one measured time per candidate")
-    scores = judged(candidates, measured)
-    best = min(range(len(scores)), key=lambda i: (scores[i], i))
-    return best if scores[best] < scores[0] - MARGIN * measured[0] else 0
+    score = scores(candidates, measured)
+    best = min(range(len(score)), key=lambda i: (score[i], i))
+    return best if score[best] < score[0] - MARGIN * measured[0] else 0
 
 
 def check(comm, candidates: Sequence[Candidate], run_of: Callable[[Candidate], Callable],
