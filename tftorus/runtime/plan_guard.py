@@ -103,10 +103,9 @@ def contenders(candidates: Sequence[Candidate], calls: Sequence[Sequence[float]]
                timed: Sequence[int]) -> List[int]:
     """Which of the candidates `timed` (indices) to time again, given every candidate's calls so
     far (seconds, the slowest rank's); none when the choice is made, judged by `scores` of the
-    medians. Before ROUNDS calls a candidate stays
-    unless even its fastest call trails the leader by DROP; from then on only those within
-    CLOSE of the leader stay (the best two at most), and none after MAX_ROUNDS or once one is
-    left."""
+    medians. Before ROUNDS calls a candidate stays unless even its fastest call trails the
+    leader by DROP; from then on only those within CLOSE of the leader stay (the best two at
+    most), and none after MAX_ROUNDS or once one is left."""
     score = scores(candidates, [statistics.median(c) for c in calls])
     lead = min(timed, key=lambda i: (score[i], i))
     scale = statistics.median(calls[lead])
