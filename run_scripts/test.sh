@@ -44,7 +44,8 @@
 # 992be8e then moved four more bigger siblings to WIDER (about 10 of those minutes). 6edf06d (the
 # recipe on Ray on a tenth of the data; the attacked job on Horovod's engine in WIDER), the main job
 # at 109-125 images/s: 64.9 min (current 35.7 + 5.5 beside, classic 26.5 + 6.3). c6c6ed3, the main
-# job at 305 images/s: 39.0 min (current 20.7 + 3.5 beside, classic 16.4 + 3.8).
+# job at 305 images/s: 39.0 min (current 20.7 + 3.5 beside, classic 16.4 + 3.8). 28b4f2f
+# (2026-12-03), the main job at 238 images/s: 46.5 min (current 26.3 + 4.0, classic 18.0 + 4.0).
 # Each stack's summary says how long its cores sat idle.
 set -uo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
