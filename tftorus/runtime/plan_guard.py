@@ -48,8 +48,7 @@ logger = logging.getLogger(__name__)
 GUARD_ENV = "TFTORUS_PLAN_GUARD"
 #: Timed calls per contender after its warm-up, at least; while the best two are within CLOSE
 #: of each other, more of those two, up to MAX_ROUNDS. Four candidates: 8 calls with the
-#: warm-ups where one leads clearly after a round, 20 where all four stay close (16 before the
-#: rounds adapted: 3 each).
+#: warm-ups where one leads clearly after a round, 20 where all four stay close.
 ROUNDS = 3
 MAX_ROUNDS = 5
 #: A candidate whose fastest call, less what it hides, trails the leader's median score by more
