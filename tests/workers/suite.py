@@ -16,6 +16,7 @@ see as missing lines.
 import importlib
 import os
 import sys
+import time
 import traceback
 
 import report  # tests/workers, the script's own folder, as the workers import it
@@ -30,6 +31,7 @@ def main(specs):
         name, *args = spec.split(":")
         sys.argv = [name, *args]  # as if launched alone, before a worker reads its arguments
         report.suite_check = name
+        started = time.monotonic()
         try:
             importlib.import_module(name).main()
         except report.Finished as done:
@@ -38,6 +40,9 @@ def main(specs):
             print(f"[rank {report.rank_of_this_process()}] SUITE {name} raised:\n"
                   f"{traceback.format_exc()}", flush=True)
             os._exit(1)
+        # which check a slow suite spends its time on (tests/conftest.py's SLOW is per test)
+        print(f"[rank {report.rank_of_this_process()}] SUITE {name} took "
+              f"{time.monotonic() - started:.1f} s", flush=True)
     report.suite_check = None
     tftorus.shutdown()  # every rank is past its last collective before any exits
     sys.exit(1 if failed else 0)
