@@ -73,18 +73,9 @@ class ExecutorTest(tf.test.TestCase):
 @unittest.skipUnless(RAY, NO_RAY)
 class ElasticTest(tf.test.TestCase):
 
-    @staticmethod
-    def launch_both():
-        """Both elastic jobs at once, each on its own Ray cluster: they mostly wait (steps that
-        sleep, restarts, Ray Train's resize checks), so together they take little more than
-        the longer one."""
-        script = harness.worker("ray_elastic_fit.py")
-        executor, ray_train = harness.run_many([[script], [script, "--ray-train"]],
-                                               timeout=600, parallel=2)
-        return {"executor": executor, "ray_train": ray_train}
-
-    def check_elastic_fit(self, which):
-        result = harness.shared("ray_elastic_fits", self.launch_both)[which]
+    def check_elastic_fit(self, *flags):
+        """tests/workers/ray_elastic_fit.py with `flags`, on a Ray cluster of its own."""
+        result = harness.run([harness.worker("ray_elastic_fit.py"), *flags], timeout=600)
         found = re.search(r"^RESULT (.*)$", result.output, re.M)
         self.assertTrue(found, harness.describe(result))
         got = json.loads(found.group(1))
@@ -108,7 +99,7 @@ class ElasticTest(tf.test.TestCase):
         the last commit within 60 s, a node added -> 4 again at a commit; the weights are a
         float64 replay of the committed steps on the sizes they had, equal on every rank; what
         rank 0 logged of each step (tftorus.ray.ray_logger) reached run()'s callback."""
-        result = self.check_elastic_fit("executor")
+        result = self.check_elastic_fit()
         self.assertRegex(result.output, r"world 2 resumed from the last commit [\d.]+ s after "
                                         r"the loss")
         got = json.loads(re.search(r"^RESULT (.*)$", result.output, re.M).group(1))
@@ -118,7 +109,7 @@ class ElasticTest(tf.test.TestCase):
     def test_ray_train_keras_fit_loses_a_node_then_grows(self):
         """The same under Ray Train's TensorflowTrainer, ScalingConfig(num_workers=(2, 4)):
         hvd.elastic's commits are its checkpoints."""
-        self.check_elastic_fit("ray_train")
+        self.check_elastic_fit("--ray-train")
 
 
 def run_recipe_losing_a_node(case, *args, timeout):

@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import tempfile
+from types import SimpleNamespace
 from unittest import mock
 
 import numpy as np
@@ -390,6 +391,35 @@ class CheckpointFilesTest(tf.test.TestCase):
         self.assertEqual(checkpointing.latest_valid(self.dir)[0], old)  # auto never picks it
         self.assertEqual(self.load_value(moved[0]), 2.0)  # kept, still loadable by path
         self.assertEqual(checkpointing.set_aside_newer(self.dir, old), [])
+
+    def test_a_new_world_size_only_at_a_phase_boundary(self):
+        """check_world, as train.py calls it before restoring (ResumeRunsTest's refused launch
+        runs it end to end): inside a phase another world size is refused, naming the last
+        phase-boundary checkpoint and the old size; at the boundary, or as the same logical
+        workers, it is taken."""
+        phases = [SimpleNamespace(index=0, start_epoch=0, end_epoch=1, total_batch=8),
+                  SimpleNamespace(index=1, start_epoch=1, end_epoch=3, total_batch=8)]
+
+        def save(epoch, phase, boundary, **extra):
+            return self.writer.save(checkpointing.CheckpointState(
+                epoch=epoch, phase=phase, phase_boundary=boundary, world_size=2,
+                total_batch=8, **extra))
+        at_boundary = save(1.0, 0, True)
+        inside = save(1.5, 1, False)
+        state = checkpointing.verify(inside)
+        checkpointing.check_world(state, inside, phases, 2, self.dir)  # the same size
+        with self.assertRaises(checkpointing.CheckpointError) as refused:
+            checkpointing.check_world(state, inside, phases, 4, self.dir)
+        said = str(refused.exception)
+        self.assertIn("is inside phase 2 (epochs 1-3) of a run on 2 workers", said)
+        self.assertIn("the world size may change only at a phase boundary", said)
+        self.assertIn(f"phase-boundary checkpoint at epoch 1.000 (--resume={at_boundary}) "
+                      f"with 4 workers, or use 2 workers", said)
+        boundary_state = checkpointing.verify(at_boundary)
+        checkpointing.check_world(boundary_state, at_boundary, phases, 4, self.dir)
+        logical = save(2.0, 1, False, logical_workers=4)
+        checkpointing.check_world(checkpointing.verify(logical), logical, phases, 4, self.dir,
+                                  logical_workers=4)  # each reads the same input as before
 
     def test_keeps_the_last_few_and_phase_boundaries(self):
         paths = [self.save(1), self.save(2, boundary=True), self.save(3), self.save(4),
