@@ -46,6 +46,9 @@
 # at 109-125 images/s: 64.9 min (current 35.7 + 5.5 beside, classic 26.5 + 6.3). c6c6ed3, the main
 # job at 305 images/s: 39.0 min (current 20.7 + 3.5 beside, classic 16.4 + 3.8). 28b4f2f
 # (2026-12-03), the main job at 238 images/s: 46.5 min (current 26.3 + 4.0, classic 18.0 + 4.0).
+# 4750f5e (three more bigger siblings in WIDER: Ray Train's elastic fit, the tf engine's SIGKILLed
+# train.py job, a refused world size), the main job at 263-264 images/s: 38.6 min (current 21.9 +
+# 3.1, classic 14.8 + 3.6).
 # Each stack's summary says how long its cores sat idle.
 set -uo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

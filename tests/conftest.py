@@ -122,7 +122,9 @@ SLOW = {
 # The slow tier's bigger siblings, each -> the lighter check of the same code CI keeps: a wider
 # world, the same check on the other engine, or every case of a list CI samples. CI
 # (`run_scripts/test.sh --ci`, .ci/run) leaves them out, to stay within 35 minutes on 2 cores
-# (2026-12-02: 7.6 of its minutes); `--all` and `--slow` run them. Run `--all` before changing
+# (2026-12-02: 7.6 of its minutes; the three added 2026-12-03 about 3.4 more: their times in a
+# fresh clone's .ci/run at 238 images/s, less the runs they shared with tests CI keeps); `--all`
+# and `--slow` run them. Run `--all` before changing
 # what they cover (the torus schedule, the tf engine's groups, bad-input messages, the
 # launchers' discovery, lost peers).
 WIDER = {
